@@ -1,0 +1,110 @@
+//! `canary check`: validate the config, and with `--probe` ask each lane whether it is up.
+
+use serde::Serialize;
+
+use super::{EXIT_OK, EXIT_UNANSWERED, load_config, process_env};
+use crate::cli::{CheckArgs, Cli, Format};
+use crate::config::Config;
+use crate::deadline::Deadline;
+use crate::router::Router;
+
+#[derive(Debug, Serialize)]
+struct CheckJson {
+    config: String,
+    valid: bool,
+    lanes: Vec<LaneJson>,
+}
+
+#[derive(Debug, Serialize)]
+struct LaneJson {
+    lane: String,
+    base_url: String,
+    model: String,
+    status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    probe: Option<ProbeJson>,
+}
+
+#[derive(Debug, Serialize)]
+struct ProbeJson {
+    ok: bool,
+    detail: String,
+}
+
+/// Runs `canary check`.
+pub async fn run(cli: &Cli, args: &CheckArgs) -> anyhow::Result<i32> {
+    let config = load_config(&cli.config)?;
+    let router = Router::new(&config, &process_env)?;
+    let probes = if args.probe {
+        // One deadline for the whole check: a hung lane cannot make `check` hang.
+        Some(router.probe_all(Deadline::after(config.deadline)).await)
+    } else {
+        None
+    };
+    let statuses = router.statuses();
+    let lanes: Vec<LaneJson> = config
+        .lanes
+        .iter()
+        .zip(&statuses)
+        .enumerate()
+        .map(|(i, (lane, (_, status)))| LaneJson {
+            lane: lane.name.clone(),
+            base_url: lane.base_url.clone(),
+            model: lane.model.clone(),
+            status: status.as_str().to_string(),
+            probe: probes.as_ref().map(|p| match &p[i].1 {
+                Ok(what) => ProbeJson {
+                    ok: true,
+                    detail: what.clone(),
+                },
+                Err(why) => ProbeJson {
+                    ok: false,
+                    detail: why.clone(),
+                },
+            }),
+        })
+        .collect();
+    let unanswered =
+        config.lanes.iter().zip(&lanes).any(|(cfg, lane)| {
+            status_counts(cfg, lane) && lane.probe.as_ref().is_some_and(|p| !p.ok)
+        });
+    match cli.format {
+        Format::Json => {
+            let json = CheckJson {
+                config: config.path.display().to_string(),
+                valid: true,
+                lanes,
+            };
+            println!("{}", serde_json::to_string_pretty(&json)?);
+        }
+        Format::Text => print_text(&config, &lanes),
+    }
+    Ok(if unanswered { EXIT_UNANSWERED } else { EXIT_OK })
+}
+
+/// Switched-off lanes are meant to be off: their probe does not fail the check.
+fn status_counts(_config: &crate::config::LaneConfig, lane: &LaneJson) -> bool {
+    lane.status != "disabled"
+}
+
+fn print_text(config: &Config, lanes: &[LaneJson]) {
+    println!(
+        "{}: valid ({} lanes, deadline {}, floor {})",
+        config.path.display(),
+        lanes.len(),
+        humantime::format_duration(config.deadline),
+        humantime::format_duration(config.floor)
+    );
+    let width = lanes.iter().map(|l| l.lane.len()).max().unwrap_or(4);
+    for lane in lanes {
+        let probe = match &lane.probe {
+            None => String::new(),
+            Some(p) if p.ok => format!("  up: {}", p.detail),
+            Some(p) => format!("  DOWN: {}", p.detail),
+        };
+        println!(
+            "  {:width$}  {:13}  {} ({}){probe}",
+            lane.lane, lane.status, lane.base_url, lane.model
+        );
+    }
+}

@@ -1,0 +1,784 @@
+//! `canary.yaml`: loading, defaults and validation.
+//!
+//! Unknown keys are errors, because a typo must not silently turn a check off. Every error names
+//! the file, the line and the column, and says what was expected. Relative paths resolve against
+//! the folder of the config file, so `canary -c /etc/canary/canary.yaml` works from anywhere.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+use serde_saphyr::Spanned;
+
+/// Default `max_response_bytes`: 4 MiB.
+pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// A configuration problem, located so the user can go straight to it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read at all.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file we tried.
+        path: PathBuf,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// The file was read but something in it is wrong.
+    #[error("{path}:{line}:{column}: {message}")]
+    Invalid {
+        /// The config file.
+        path: PathBuf,
+        /// 1-based line of the offending text.
+        line: u64,
+        /// 1-based column of the offending text.
+        column: u64,
+        /// What was wrong and what was expected.
+        message: String,
+    },
+}
+
+/// The whole configuration, with defaults filled in and paths made absolute.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file this was loaded from.
+    pub path: PathBuf,
+    /// SQLite store.
+    pub store: PathBuf,
+    /// Folder of the pinned prompt set.
+    pub prompts: PathBuf,
+    /// Folder of the accepted baselines.
+    pub snapshots: PathBuf,
+    /// Audit log (JSON lines), if auditing is on.
+    pub audit: Option<PathBuf>,
+    /// Whether the audit log keeps prompt and answer bodies (off unless asked for).
+    pub audit_bodies: bool,
+    /// Prometheus text file rewritten after each run.
+    pub metrics_file: Option<PathBuf>,
+    /// Budget of one job.
+    pub deadline: Duration,
+    /// Below this remaining budget a call fails fast without touching the network.
+    pub floor: Duration,
+    /// Lanes, in fallback order.
+    pub lanes: Vec<LaneConfig>,
+    /// How drift is judged.
+    pub drift: DriftConfig,
+    /// When `canary schedule` fires.
+    pub schedule: Option<ScheduleConfig>,
+    /// Who hears about drift.
+    pub alerts: Option<AlertsConfig>,
+}
+
+/// What kind of endpoint a lane talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LaneKind {
+    /// OpenAI-compatible `POST {base_url}/chat/completions`.
+    Openai,
+}
+
+/// One lane of the router.
+#[derive(Debug, Clone)]
+pub struct LaneConfig {
+    /// Unique name, `[a-z0-9_-]+`.
+    pub name: String,
+    /// Endpoint kind.
+    pub kind: LaneKind,
+    /// Base URL; `/chat/completions` is appended.
+    pub base_url: String,
+    /// Model name sent with each request.
+    pub model: String,
+    /// Env var holding the bearer key, if the endpoint needs one.
+    pub api_key_env: Option<String>,
+    /// Env var whose value `off` switches the lane off for the process.
+    pub kill_switch_env: String,
+    /// `false` removes the lane; everything still starts and serves from the others.
+    pub enabled: bool,
+    /// Most requests in flight at once on this lane.
+    pub max_inflight: usize,
+    /// When to stop calling a failing lane, and for how long.
+    pub breaker: BreakerConfig,
+    /// Largest response body accepted; larger ones are refused while they stream in.
+    pub max_response_bytes: u64,
+    /// Extra request headers.
+    pub headers: BTreeMap<String, String>,
+    /// Most of the remaining budget this lane may spend while a later lane could still answer.
+    pub max_share: f64,
+}
+
+/// Breaker settings of a lane.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BreakerConfig {
+    /// Consecutive failures that open the breaker.
+    pub failures: u32,
+    /// First cooldown; it doubles on each repeated trip.
+    pub cooldown: Duration,
+    /// Ceiling of the growing cooldown.
+    pub max_cooldown: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            failures: 3,
+            cooldown: Duration::from_secs(60),
+            max_cooldown: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Drift judgement settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DriftConfig {
+    /// Default minimum similarity to the baseline.
+    pub threshold: f64,
+    /// Control lane: drift seen there too is for review, not an alert.
+    pub control: Option<String>,
+}
+
+/// Schedule of `canary schedule`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduleConfig {
+    /// Cron expression.
+    pub cron: String,
+    /// IANA time zone the expression is read in.
+    pub timezone: String,
+}
+
+/// Alert routing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AlertsConfig {
+    /// Lanes whose drift alerts (default: every non-control lane).
+    pub lanes: Option<Vec<String>>,
+    /// Email channel.
+    pub email: Option<EmailConfig>,
+}
+
+/// Email channel settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmailConfig {
+    /// SMTP server.
+    pub smtp: SmtpConfig,
+    /// Sender address.
+    pub from: String,
+    /// Recipients.
+    pub to: Vec<String>,
+}
+
+/// How to reach the SMTP server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SmtpConfig {
+    /// Host name.
+    pub host: String,
+    /// Port.
+    pub port: u16,
+    /// Transport security.
+    pub security: SmtpSecurity,
+    /// Env var with the user name.
+    pub username_env: Option<String>,
+    /// Env var with the password.
+    pub password_env: Option<String>,
+}
+
+/// Transport security of the SMTP connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SmtpSecurity {
+    /// Plain text (loopback relays only).
+    None,
+    /// Upgrade with STARTTLS.
+    Starttls,
+    /// TLS from the first byte.
+    Tls,
+}
+
+impl Config {
+    /// Reads and validates the config file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::parse(path, &text)
+    }
+
+    /// Parses `text` as if read from `path` (paths resolve against `path`'s folder).
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig = serde_saphyr::from_str(text).map_err(|err| yaml_error(path, &err))?;
+        let dir = path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        raw.resolve(path, &dir)
+    }
+
+    /// The lane called `name`.
+    pub fn lane(&self, name: &str) -> Option<&LaneConfig> {
+        self.lanes.iter().find(|lane| lane.name == name)
+    }
+}
+
+/// Turns a YAML error into a located config error with a plain message.
+fn yaml_error(path: &Path, err: &serde_saphyr::Error) -> ConfigError {
+    let (line, column) = err
+        .location()
+        .map(|loc| (loc.line(), loc.column()))
+        .unwrap_or((0, 0));
+    let message = err.without_snippet().to_string();
+    // The library appends its own "at line L column C"; ours is already in front.
+    let message = match message.rfind(" at line ") {
+        Some(cut) => message[..cut].to_string(),
+        None => message,
+    };
+    ConfigError::Invalid {
+        path: path.to_path_buf(),
+        line,
+        column,
+        message,
+    }
+}
+
+fn invalid_at<T>(path: &Path, spanned: &Spanned<T>, message: String) -> ConfigError {
+    ConfigError::Invalid {
+        path: path.to_path_buf(),
+        line: spanned.referenced.line(),
+        column: spanned.referenced.column(),
+        message,
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default = "default_store")]
+    store: PathBuf,
+    #[serde(default = "default_prompts")]
+    prompts: PathBuf,
+    #[serde(default = "default_snapshots")]
+    snapshots: PathBuf,
+    #[serde(default = "default_audit")]
+    audit: Option<PathBuf>,
+    #[serde(default)]
+    audit_bodies: bool,
+    #[serde(default)]
+    metrics_file: Option<PathBuf>,
+    #[serde(default = "default_deadline")]
+    deadline: HumanDuration,
+    #[serde(default = "default_floor")]
+    floor: HumanDuration,
+    lanes: Vec<RawLane>,
+    #[serde(default)]
+    drift: Option<RawDrift>,
+    #[serde(default)]
+    schedule: Option<RawSchedule>,
+    #[serde(default)]
+    alerts: Option<RawAlerts>,
+}
+
+fn default_store() -> PathBuf {
+    PathBuf::from(".canary/canary.db")
+}
+fn default_prompts() -> PathBuf {
+    PathBuf::from("prompts")
+}
+fn default_snapshots() -> PathBuf {
+    PathBuf::from("snapshots")
+}
+fn default_audit() -> Option<PathBuf> {
+    Some(PathBuf::from(".canary/audit.jsonl"))
+}
+fn default_deadline() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30))
+}
+fn default_floor() -> HumanDuration {
+    HumanDuration(Duration::from_millis(50))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLane {
+    name: Spanned<LaneName>,
+    kind: LaneKind,
+    base_url: BaseUrl,
+    model: String,
+    #[serde(default)]
+    api_key_env: Option<EnvName>,
+    #[serde(default)]
+    kill_switch_env: Option<EnvName>,
+    #[serde(default = "yes")]
+    enabled: bool,
+    #[serde(default = "default_max_inflight")]
+    max_inflight: NonZeroUsize,
+    #[serde(default)]
+    breaker: RawBreaker,
+    #[serde(default)]
+    max_response_bytes: Option<ByteCount>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(default)]
+    max_share: Option<Share>,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_max_inflight() -> NonZeroUsize {
+    NonZeroUsize::new(4).unwrap_or(NonZeroUsize::MIN)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawBreaker {
+    #[serde(default)]
+    failures: Option<Failures>,
+    #[serde(default)]
+    cooldown: Option<HumanDuration>,
+    #[serde(default)]
+    max_cooldown: Option<HumanDuration>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDrift {
+    #[serde(default)]
+    threshold: Option<Similarity>,
+    #[serde(default)]
+    control: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSchedule {
+    cron: String,
+    #[serde(default = "default_timezone")]
+    timezone: String,
+}
+
+fn default_timezone() -> String {
+    "UTC".into()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAlerts {
+    #[serde(default)]
+    lanes: Option<Vec<Spanned<String>>>,
+    #[serde(default)]
+    email: Option<RawEmail>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEmail {
+    smtp: RawSmtp,
+    from: String,
+    to: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSmtp {
+    host: String,
+    #[serde(default = "default_smtp_port")]
+    port: u16,
+    #[serde(default = "default_smtp_security")]
+    security: SmtpSecurity,
+    #[serde(default)]
+    username_env: Option<EnvName>,
+    #[serde(default)]
+    password_env: Option<EnvName>,
+}
+
+fn default_smtp_port() -> u16 {
+    587
+}
+fn default_smtp_security() -> SmtpSecurity {
+    SmtpSecurity::Starttls
+}
+
+impl RawConfig {
+    fn resolve(self, path: &Path, dir: &Path) -> Result<Config, ConfigError> {
+        let mut seen = HashSet::new();
+        for lane in &self.lanes {
+            if !seen.insert(lane.name.value.0.clone()) {
+                return Err(invalid_at(
+                    path,
+                    &lane.name,
+                    format!(
+                        "duplicate lane name `{}`: lane names must be unique",
+                        lane.name.value.0
+                    ),
+                ));
+            }
+        }
+        let known = |name: &Spanned<String>, key: &str| {
+            if seen.contains(&name.value) {
+                Ok(name.value.clone())
+            } else {
+                Err(invalid_at(
+                    path,
+                    name,
+                    format!(
+                        "{key} names lane `{}`, but no lane has that name (lanes: {})",
+                        name.value,
+                        self.lanes
+                            .iter()
+                            .map(|l| l.name.value.0.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ))
+            }
+        };
+        let drift = match &self.drift {
+            None => DriftConfig {
+                threshold: 0.85,
+                control: None,
+            },
+            Some(raw) => DriftConfig {
+                threshold: raw.threshold.map_or(0.85, |t| t.0),
+                control: raw
+                    .control
+                    .as_ref()
+                    .map(|c| known(c, "drift.control"))
+                    .transpose()?,
+            },
+        };
+        let alerts = match &self.alerts {
+            None => None,
+            Some(raw) => Some(AlertsConfig {
+                lanes: raw
+                    .lanes
+                    .as_ref()
+                    .map(|lanes| {
+                        lanes
+                            .iter()
+                            .map(|l| known(l, "alerts.lanes"))
+                            .collect::<Result<Vec<_>, _>>()
+                    })
+                    .transpose()?,
+                email: raw.email.as_ref().map(|e| EmailConfig {
+                    smtp: SmtpConfig {
+                        host: e.smtp.host.clone(),
+                        port: e.smtp.port,
+                        security: e.smtp.security,
+                        username_env: e.smtp.username_env.as_ref().map(|v| v.0.clone()),
+                        password_env: e.smtp.password_env.as_ref().map(|v| v.0.clone()),
+                    },
+                    from: e.from.clone(),
+                    to: e.to.clone(),
+                }),
+            }),
+        };
+        let lanes = self
+            .lanes
+            .into_iter()
+            .map(|raw| {
+                let name = raw.name.value.0;
+                let defaults = BreakerConfig::default();
+                let cooldown = raw.breaker.cooldown.map_or(defaults.cooldown, |d| d.0);
+                LaneConfig {
+                    kill_switch_env: raw
+                        .kill_switch_env
+                        .map(|e| e.0)
+                        .unwrap_or_else(|| default_kill_switch_env(&name)),
+                    name,
+                    kind: raw.kind,
+                    base_url: raw.base_url.0,
+                    model: raw.model,
+                    api_key_env: raw.api_key_env.map(|e| e.0),
+                    enabled: raw.enabled,
+                    max_inflight: raw.max_inflight.get(),
+                    breaker: BreakerConfig {
+                        failures: raw.breaker.failures.map_or(defaults.failures, |f| f.0),
+                        cooldown,
+                        max_cooldown: raw
+                            .breaker
+                            .max_cooldown
+                            .map_or(defaults.max_cooldown.max(cooldown), |d| d.0.max(cooldown)),
+                    },
+                    max_response_bytes: raw
+                        .max_response_bytes
+                        .map_or(DEFAULT_MAX_RESPONSE_BYTES, |b| b.0),
+                    headers: raw.headers,
+                    max_share: raw.max_share.map_or(0.5, |s| s.0),
+                }
+            })
+            .collect();
+        let at = |p: PathBuf| if p.is_absolute() { p } else { dir.join(p) };
+        Ok(Config {
+            path: path.to_path_buf(),
+            store: at(self.store),
+            prompts: at(self.prompts),
+            snapshots: at(self.snapshots),
+            audit: self.audit.map(at),
+            audit_bodies: self.audit_bodies,
+            metrics_file: self.metrics_file.map(at),
+            deadline: self.deadline.0,
+            floor: self.floor.0,
+            lanes,
+            drift,
+            schedule: self.schedule.map(|s| ScheduleConfig {
+                cron: s.cron,
+                timezone: s.timezone,
+            }),
+            alerts,
+        })
+    }
+}
+
+/// `CANARY_LANE_<NAME>`, with the name upper-cased and dashes made underscores.
+pub fn default_kill_switch_env(lane: &str) -> String {
+    format!(
+        "CANARY_LANE_{}",
+        lane.to_ascii_uppercase().replace('-', "_")
+    )
+}
+
+/// Implements `Deserialize` for a newtype over a string-parsed value; `parse` says what is
+/// expected when it fails, and serde-saphyr puts the location in front.
+macro_rules! parsed_scalar {
+    ($name:ident($inner:ty), $parse:expr) => {
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let text = ScalarText::deserialize(deserializer)?.0;
+                let parse: fn(&str) -> Result<$inner, String> = $parse;
+                parse(&text).map($name).map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+/// A scalar read as text whether YAML typed it as a number, a bool or a string.
+struct ScalarText(String);
+
+impl<'de> Deserialize<'de> for ScalarText {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = ScalarText;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a scalar value")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ScalarText, E> {
+                Ok(ScalarText(v.to_string()))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<ScalarText, E> {
+                Ok(ScalarText(v.to_string()))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<ScalarText, E> {
+                Ok(ScalarText(v.to_string()))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<ScalarText, E> {
+                Ok(ScalarText(v.to_string()))
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<ScalarText, E> {
+                Ok(ScalarText(v.to_string()))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
+/// A humantime duration such as `50ms`, `30s` or `2m`.
+#[derive(Debug, Clone, Copy)]
+struct HumanDuration(Duration);
+parsed_scalar!(HumanDuration(Duration), |text| {
+    humantime::parse_duration(text.trim())
+        .map_err(|_| format!("expected a duration such as 50ms, 30s or 2m, found `{text}`"))
+});
+
+/// A size such as `4MiB`, `512KiB` or a plain byte count.
+struct ByteCount(u64);
+parsed_scalar!(ByteCount(u64), |text| {
+    text.trim()
+        .parse::<bytesize::ByteSize>()
+        .map(|size| size.as_u64())
+        .ok()
+        .filter(|bytes| *bytes > 0)
+        .ok_or_else(|| format!("expected a size such as 4MiB, 512KiB or 65536, found `{text}`"))
+});
+
+/// A lane name, `[a-z0-9_-]+`.
+struct LaneName(String);
+parsed_scalar!(LaneName(String), |text| {
+    let ok = !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if ok {
+        Ok(text.to_string())
+    } else {
+        Err(format!(
+            "expected a lane name of lower-case letters, digits, `_` and `-`, found `{text}`"
+        ))
+    }
+});
+
+/// The name of an environment variable (never its value).
+struct EnvName(String);
+parsed_scalar!(EnvName(String), |text| {
+    let ok = !text.is_empty()
+        && !text.starts_with(|c: char| c.is_ascii_digit())
+        && text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if ok {
+        Ok(text.to_string())
+    } else {
+        Err(format!(
+            "expected the name of an environment variable (letters, digits, `_`), found `{text}`; \
+             secrets never go in this file, only the name of the variable that holds them"
+        ))
+    }
+});
+
+/// An `http://` or `https://` base URL.
+struct BaseUrl(String);
+parsed_scalar!(BaseUrl(String), |text| {
+    match reqwest::Url::parse(text) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {
+            Ok(text.trim_end_matches('/').to_string())
+        }
+        _ => Err(format!(
+            "expected an http:// or https:// URL such as http://127.0.0.1:8080/v1, found `{text}`"
+        )),
+    }
+});
+
+/// A fraction in (0, 1].
+#[derive(Clone, Copy)]
+struct Share(f64);
+parsed_scalar!(Share(f64), |text| {
+    match text.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!(
+            "expected a fraction of the remaining budget above 0 and at most 1, found `{text}`"
+        )),
+    }
+});
+
+/// A similarity in [0, 1].
+#[derive(Clone, Copy)]
+struct Similarity(f64);
+parsed_scalar!(Similarity(f64), |text| {
+    match text.trim().parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "expected a similarity between 0 and 1, found `{text}`"
+        )),
+    }
+});
+
+/// A failure count of at least one.
+#[derive(Clone, Copy)]
+struct Failures(u32);
+parsed_scalar!(Failures(u32), |text| {
+    match text.trim().parse::<u32>() {
+        Ok(v) if v >= 1 => Ok(v),
+        _ => Err(format!(
+            "expected a whole number of failures, at least 1, found `{text}`"
+        )),
+    }
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("/srv/canary/canary.yaml"), text)
+    }
+
+    const MINIMAL: &str = "lanes:\n  - name: free\n    kind: openai\n    base_url: http://127.0.0.1:8080/v1\n    model: smollm2\n";
+
+    #[test]
+    fn defaults_fill_in_and_paths_resolve_against_the_config_folder() {
+        let config = parse(MINIMAL).unwrap();
+        assert_eq!(config.store, PathBuf::from("/srv/canary/.canary/canary.db"));
+        assert_eq!(config.prompts, PathBuf::from("/srv/canary/prompts"));
+        assert_eq!(config.deadline, Duration::from_secs(30));
+        assert_eq!(config.floor, Duration::from_millis(50));
+        let lane = &config.lanes[0];
+        assert_eq!(lane.kill_switch_env, "CANARY_LANE_FREE");
+        assert_eq!(lane.max_inflight, 4);
+        assert_eq!(lane.max_response_bytes, 4 * 1024 * 1024);
+        assert_eq!(lane.breaker, BreakerConfig::default());
+        assert!(lane.enabled);
+    }
+
+    #[test]
+    fn the_contract_example_parses() {
+        let text = include_str!("../canary.example.yaml");
+        let config = parse(text).unwrap();
+        assert_eq!(config.lanes.len(), 2);
+        assert_eq!(config.lanes[0].kill_switch_env, "FREE_LANE");
+        assert_eq!(config.drift.control.as_deref(), Some("paid"));
+        let email = config.alerts.unwrap().email.unwrap();
+        assert_eq!(email.smtp.security, SmtpSecurity::Starttls);
+        assert_eq!(email.smtp.password_env.as_deref(), Some("SMTP_PASSWORD"));
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_with_line_and_column() {
+        let text = format!("{MINIMAL}    max_inflite: 2\n");
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(err.starts_with("/srv/canary/canary.yaml:6:5: "), "{err}");
+        assert!(err.contains("max_inflite"), "{err}");
+    }
+
+    #[test]
+    fn bad_duration_names_what_was_expected() {
+        let err = parse(&format!("deadline: soon\n{MINIMAL}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("/srv/canary/canary.yaml:1:"), "{err}");
+        assert!(err.contains("expected a duration such as 50ms"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_lane_names_point_at_the_second() {
+        let text = format!(
+            "{MINIMAL}  - name: free\n    kind: openai\n    base_url: http://h/v1\n    model: m\n"
+        );
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(err.starts_with("/srv/canary/canary.yaml:6:"), "{err}");
+        assert!(err.contains("duplicate lane name `free`"), "{err}");
+    }
+
+    #[test]
+    fn control_lane_must_exist() {
+        let err = parse(&format!("{MINIMAL}drift:\n  control: paid\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("/srv/canary/canary.yaml:7:"), "{err}");
+        assert!(err.contains("no lane has that name (lanes: free)"), "{err}");
+    }
+
+    #[test]
+    fn zero_inflight_and_bad_names_are_rejected() {
+        let err = parse(&format!("{MINIMAL}    max_inflight: 0\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(":6:"), "{err}");
+        let err = parse(&MINIMAL.replace("name: free", "name: Free Lane"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("expected a lane name"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_keys_are_rejected() {
+        let err = parse(&format!("deadline: 1s\ndeadline: 2s\n{MINIMAL}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(":2:"), "{err}");
+    }
+
+    #[test]
+    fn sizes_parse_in_binary_units() {
+        let config = parse(&format!("{MINIMAL}    max_response_bytes: 64KiB\n")).unwrap();
+        assert_eq!(config.lanes[0].max_response_bytes, 64 * 1024);
+    }
+}

@@ -1,0 +1,21 @@
+//! canary: a nightly quality-drift canary for the lanes of a shared LLM router.
+//!
+//! The library holds everything; the `canary` binary only parses arguments and calls in here.
+//! Where things live:
+//! - [`deadline`]: the one absolute deadline a job carries.
+//! - [`router`]: admission, per-lane caps, breakers, exhaustion, fallback, audit.
+//! - [`lane`]: the seam to model endpoints, and the OpenAI-compatible lane.
+//! - [`config`]: the `canary.yaml` file.
+//! - [`audit`], [`metrics`]: what a job leaves behind.
+//! - [`cmd`]: the commands.
+
+pub mod audit;
+pub mod cli;
+pub mod cmd;
+pub mod completion;
+pub mod config;
+pub mod deadline;
+pub mod lane;
+pub mod metrics;
+pub mod outcome;
+pub mod router;

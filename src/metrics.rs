@@ -1,0 +1,294 @@
+//! Router metrics: latency split by lane and outcome, queue wait per lane, counts per outcome.
+//!
+//! A single p95 across lanes hides exactly the difference a free lane is there to show, so every
+//! histogram is per lane, and queue wait is kept apart from call time.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+
+use crate::outcome::Outcome;
+
+/// Bucket bounds (seconds) of the Prometheus histograms.
+const BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+/// Where a lane stands, as the metrics and `check` show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaneStatus {
+    /// Serving normally.
+    Closed,
+    /// Breaker open: skipped until its cooldown ends.
+    Open,
+    /// Cooldown over, waiting for its probe.
+    HalfOpen,
+    /// Rate-limited until a reset time.
+    Exhausted,
+    /// 401/403 or a missing key.
+    Misconfigured,
+    /// Switched off by config or kill switch.
+    Disabled,
+}
+
+impl LaneStatus {
+    /// Every status, in the order the metrics list them.
+    pub const ALL: [LaneStatus; 6] = [
+        LaneStatus::Closed,
+        LaneStatus::Open,
+        LaneStatus::HalfOpen,
+        LaneStatus::Exhausted,
+        LaneStatus::Misconfigured,
+        LaneStatus::Disabled,
+    ];
+
+    /// The name used in metrics and text output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LaneStatus::Closed => "closed",
+            LaneStatus::Open => "open",
+            LaneStatus::HalfOpen => "half_open",
+            LaneStatus::Exhausted => "exhausted",
+            LaneStatus::Misconfigured => "misconfigured",
+            LaneStatus::Disabled => "disabled",
+        }
+    }
+}
+
+/// A latency distribution in microseconds, with an exact sum for Prometheus.
+struct Distribution {
+    histogram: Histogram<u64>,
+    sum_us: u64,
+}
+
+impl Distribution {
+    fn new() -> Self {
+        Distribution {
+            // 1 µs to 1 h at 3 significant digits; the bounds are constants, so this cannot fail.
+            histogram: Histogram::new_with_bounds(1, 3_600_000_000, 3)
+                .unwrap_or_else(|_| Histogram::new(3).unwrap_or_else(|_| unreachable!())),
+            sum_us: 0,
+        }
+    }
+
+    fn record(&mut self, value: Duration) {
+        let us = (value.as_micros() as u64).max(1);
+        self.histogram.saturating_record(us);
+        self.sum_us = self.sum_us.saturating_add(us);
+    }
+
+    fn write_prometheus(&self, out: &mut String, name: &str, labels: &str) {
+        for bound in BUCKETS {
+            let count = self.histogram.count_between(0, (bound * 1e6) as u64);
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {count}");
+        }
+        let total = self.histogram.len();
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {total}");
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum_us as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count{{{labels}}} {total}");
+    }
+
+    fn quantile_ms(&self, q: f64) -> f64 {
+        self.histogram.value_at_quantile(q) as f64 / 1000.0
+    }
+}
+
+/// Metrics of one router, shared by all its jobs.
+pub struct Metrics {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    calls: BTreeMap<(String, Outcome), Distribution>,
+    queue: BTreeMap<String, Distribution>,
+}
+
+/// One lane's figures, for the printed summary.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaneSummary {
+    /// Lane name.
+    pub lane: String,
+    /// Attempts per outcome.
+    pub outcomes: BTreeMap<Outcome, u64>,
+    /// Call latency of served attempts: p50, p95, max (ms).
+    pub served_ms: Option<(f64, f64, f64)>,
+    /// Queue wait: p50, p95, max (ms).
+    pub queue_ms: Option<(f64, f64, f64)>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// Empty metrics.
+    pub fn new() -> Self {
+        Metrics {
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Records one attempt: its outcome, the time it queued for a permit and the call time.
+    pub fn record(&self, lane: &str, outcome: Outcome, queue: Duration, call: Duration) {
+        let mut inner = self.lock();
+        inner
+            .calls
+            .entry((lane.to_string(), outcome))
+            .or_insert_with(Distribution::new)
+            .record(call);
+        inner
+            .queue
+            .entry(lane.to_string())
+            .or_insert_with(Distribution::new)
+            .record(queue);
+    }
+
+    /// Per-lane summary for text output.
+    pub fn summary(&self) -> Vec<LaneSummary> {
+        let inner = self.lock();
+        let spread = |d: &Distribution| {
+            (!d.histogram.is_empty()).then(|| {
+                (
+                    d.quantile_ms(0.5),
+                    d.quantile_ms(0.95),
+                    d.histogram.max() as f64 / 1000.0,
+                )
+            })
+        };
+        let mut lanes: BTreeMap<String, LaneSummary> = BTreeMap::new();
+        for ((lane, outcome), dist) in &inner.calls {
+            let summary = lanes.entry(lane.clone()).or_insert_with(|| LaneSummary {
+                lane: lane.clone(),
+                outcomes: BTreeMap::new(),
+                served_ms: None,
+                queue_ms: inner.queue.get(lane).and_then(spread),
+            });
+            summary.outcomes.insert(*outcome, dist.histogram.len());
+            if *outcome == Outcome::Served {
+                summary.served_ms = spread(dist);
+            }
+        }
+        lanes.into_values().collect()
+    }
+
+    /// Prometheus text exposition of every metric, with each lane's current status.
+    pub fn render_prometheus(&self, statuses: &[(String, LaneStatus)]) -> String {
+        let inner = self.lock();
+        let mut out = String::new();
+        out.push_str("# HELP canary_lane_call_seconds Time from request to last byte, by lane and outcome.\n");
+        out.push_str("# TYPE canary_lane_call_seconds histogram\n");
+        for ((lane, outcome), dist) in &inner.calls {
+            let labels = format!("lane=\"{}\",outcome=\"{}\"", escape(lane), outcome);
+            dist.write_prometheus(&mut out, "canary_lane_call_seconds", &labels);
+        }
+        out.push_str("# HELP canary_lane_queue_seconds Time spent waiting for an in-flight permit, by lane.\n");
+        out.push_str("# TYPE canary_lane_queue_seconds histogram\n");
+        for (lane, dist) in &inner.queue {
+            dist.write_prometheus(
+                &mut out,
+                "canary_lane_queue_seconds",
+                &format!("lane=\"{}\"", escape(lane)),
+            );
+        }
+        out.push_str("# HELP canary_lane_attempts_total Attempts by lane and outcome.\n");
+        out.push_str("# TYPE canary_lane_attempts_total counter\n");
+        for ((lane, outcome), dist) in &inner.calls {
+            let _ = writeln!(
+                out,
+                "canary_lane_attempts_total{{lane=\"{}\",outcome=\"{}\"}} {}",
+                escape(lane),
+                outcome,
+                dist.histogram.len()
+            );
+        }
+        out.push_str("# HELP canary_lane_state Current state of each lane (1 = in that state).\n");
+        out.push_str("# TYPE canary_lane_state gauge\n");
+        for (lane, status) in statuses {
+            for candidate in LaneStatus::ALL {
+                let _ = writeln!(
+                    out,
+                    "canary_lane_state{{lane=\"{}\",state=\"{}\"}} {}",
+                    escape(lane),
+                    candidate.as_str(),
+                    u8::from(candidate == *status)
+                );
+            }
+        }
+        out
+    }
+}
+
+/// Escapes a Prometheus label value.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histograms_are_split_by_lane_and_outcome() {
+        let metrics = Metrics::new();
+        metrics.record(
+            "free",
+            Outcome::Timeout,
+            Duration::ZERO,
+            Duration::from_millis(200),
+        );
+        metrics.record(
+            "paid",
+            Outcome::Served,
+            Duration::from_millis(3),
+            Duration::from_millis(40),
+        );
+        metrics.record(
+            "paid",
+            Outcome::Served,
+            Duration::from_millis(1),
+            Duration::from_millis(60),
+        );
+        let text = metrics.render_prometheus(&[
+            ("free".into(), LaneStatus::Disabled),
+            ("paid".into(), LaneStatus::Closed),
+        ]);
+        assert!(
+            text.contains("canary_lane_call_seconds_count{lane=\"paid\",outcome=\"served\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "canary_lane_call_seconds_bucket{lane=\"paid\",outcome=\"served\",le=\"0.05\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("canary_lane_call_seconds_count{lane=\"free\",outcome=\"timeout\"} 1")
+        );
+        assert!(text.contains("canary_lane_queue_seconds_count{lane=\"paid\"} 2"));
+        assert!(text.contains("canary_lane_attempts_total{lane=\"free\",outcome=\"timeout\"} 1"));
+        assert!(text.contains("canary_lane_state{lane=\"free\",state=\"disabled\"} 1"));
+        assert!(text.contains("canary_lane_state{lane=\"free\",state=\"closed\"} 0"));
+        let summary = metrics.summary();
+        let paid = summary.iter().find(|s| s.lane == "paid").unwrap();
+        assert_eq!(paid.outcomes[&Outcome::Served], 2);
+        let (p50, _, max) = paid.served_ms.unwrap();
+        assert!((39.0..=41.0).contains(&p50), "{p50}");
+        assert!((59.0..=61.0).contains(&max), "{max}");
+    }
+}

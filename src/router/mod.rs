@@ -1,0 +1,642 @@
+//! The shared router: admission, per-lane caps, breakers, exhaustion, fallback and audit.
+//!
+//! A job is one request with one absolute deadline. Lanes are tried in order; each attempt goes
+//! through admission before it may queue: kill switch, then lane state (misconfigured,
+//! exhausted, breaker), then remaining budget, and only then a wait for one of the lane's
+//! `max_inflight` permits, bounded by the deadline. The whole attempt (connect, headers and the
+//! whole body) ends by the lane's share of the deadline. A lane that fails hands the job on with
+//! whatever time is left.
+
+pub mod breaker;
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use tokio::sync::Semaphore;
+use tokio::time::{Instant, timeout_at};
+
+use crate::audit::{AuditEntry, AuditLog};
+use crate::completion::{ChatRequest, Completion, Timings};
+use crate::config::{Config, LaneConfig, LaneKind};
+use crate::deadline::Deadline;
+use crate::lane::openai::OpenAiLane;
+use crate::lane::{Lane, LaneFailure};
+use crate::metrics::{LaneStatus, Metrics};
+use crate::outcome::Outcome;
+use breaker::{Breaker, BreakerAdmission, BreakerState};
+
+/// The router could not be built from the config.
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    /// A lane's settings cannot work (bad header, unusable key).
+    #[error("{0}")]
+    Lane(String),
+    /// The audit log cannot be opened.
+    #[error("cannot open audit log {path}: {source}")]
+    Audit {
+        /// The audit file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A job named a lane that does not exist.
+    #[error("no lane named `{0}` in the config")]
+    UnknownLane(String),
+}
+
+/// One attempt of a job on one lane, as text output, JSON and the audit log report it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Attempt {
+    /// The lane tried.
+    pub lane: String,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Time waiting for a permit.
+    pub queue_ms: u64,
+    /// Time from request to last byte (or to giving up).
+    pub call_ms: u64,
+    /// What failed, in a few words; never a key or a body.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// For `exhausted`: when the lane may be tried again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub until: Option<DateTime<Utc>>,
+}
+
+/// The result of one job.
+#[derive(Debug, Clone)]
+pub struct Routed {
+    /// Id of the job, as written in the audit log.
+    pub job_id: String,
+    /// The answer, when a lane gave one inside the deadline.
+    pub completion: Option<Completion>,
+    /// Every attempt in order.
+    pub attempts: Vec<Attempt>,
+    /// Wall time of the whole job.
+    pub elapsed: Duration,
+}
+
+/// The router shared by every job of a process.
+pub struct Router {
+    lanes: Vec<LaneSlot>,
+    floor: Duration,
+    audit: Option<AuditLog>,
+    metrics: Metrics,
+}
+
+struct LaneSlot {
+    name: String,
+    lane: Box<dyn Lane>,
+    /// Why the lane is switched off for this process, if it is.
+    switched_off: Option<String>,
+    permits: Semaphore,
+    max_inflight: usize,
+    max_share: f64,
+    cooldown: Duration,
+    /// Ends warning lines: what happens to jobs while this lane is out.
+    fallback: &'static str,
+    health: Mutex<Health>,
+}
+
+/// What the router knows of a lane's health right now.
+struct Health {
+    breaker: Breaker,
+    /// Until when the provider said the lane is out of capacity.
+    exhausted_until: Option<(Instant, DateTime<Utc>)>,
+    /// Why the lane cannot work until its configuration is fixed.
+    misconfigured: Option<String>,
+    /// False after a failure was reported; keeps a dead lane to one warning line.
+    healthy: bool,
+}
+
+/// What admission decided for one attempt.
+enum Gate {
+    Pass { probe: bool },
+    Refuse(Outcome, String, Option<DateTime<Utc>>),
+}
+
+impl Router {
+    /// Builds the router for `config`. `env` reads environment variables (kill switches and
+    /// keys); production passes `std::env::var`, tests pass their own map.
+    ///
+    /// Nothing here touches the network: a dead lane cannot stop canary from starting.
+    pub fn new(
+        config: &Config,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Router, RouterError> {
+        let mut lanes = Vec::with_capacity(config.lanes.len());
+        let fallback = if config.lanes.len() > 1 {
+            "; serving from the other lanes"
+        } else {
+            ""
+        };
+        for lane_config in &config.lanes {
+            lanes.push(LaneSlot::new(lane_config, env, fallback)?);
+        }
+        let audit = match &config.audit {
+            Some(path) => Some(AuditLog::open(path, config.audit_bodies).map_err(|source| {
+                RouterError::Audit {
+                    path: path.clone(),
+                    source,
+                }
+            })?),
+            None => None,
+        };
+        Ok(Router {
+            lanes,
+            floor: config.floor,
+            audit,
+            metrics: Metrics::new(),
+        })
+    }
+
+    /// Names of the lanes, in fallback order.
+    pub fn lane_names(&self) -> impl Iterator<Item = &str> {
+        self.lanes.iter().map(|slot| slot.name.as_str())
+    }
+
+    /// The router's metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Each lane's status now, in lane order.
+    pub fn statuses(&self) -> Vec<(String, LaneStatus)> {
+        let now = Instant::now();
+        self.lanes
+            .iter()
+            .map(|slot| (slot.name.clone(), slot.status(now)))
+            .collect()
+    }
+
+    /// Prometheus text of the router's metrics, lane states included.
+    pub fn render_prometheus(&self) -> String {
+        self.metrics.render_prometheus(&self.statuses())
+    }
+
+    /// Routes a job through the lanes in order; the first answer inside `deadline` wins.
+    pub async fn route(&self, request: &ChatRequest, deadline: Deadline) -> Routed {
+        let order: Vec<usize> = (0..self.lanes.len()).collect();
+        self.run(request, deadline, &order, None).await
+    }
+
+    /// Sends a job to one lane only: the canary measures each lane by its own answers, never
+    /// by a fallback's.
+    pub async fn route_to(
+        &self,
+        lane: &str,
+        request: &ChatRequest,
+        deadline: Deadline,
+    ) -> Result<Routed, RouterError> {
+        let index = self.index_of(lane)?;
+        Ok(self.run(request, deadline, &[index], Some(lane)).await)
+    }
+
+    /// Routes through the named lanes only, in their configured order.
+    pub async fn route_among(
+        &self,
+        lanes: &[String],
+        request: &ChatRequest,
+        deadline: Deadline,
+    ) -> Result<Routed, RouterError> {
+        let mut order = lanes
+            .iter()
+            .map(|l| self.index_of(l))
+            .collect::<Result<Vec<_>, _>>()?;
+        order.sort_unstable();
+        order.dedup();
+        Ok(self.run(request, deadline, &order, None).await)
+    }
+
+    /// Asks each lane's health endpoint, all at once, each bounded by `deadline`.
+    pub async fn probe_all(&self, deadline: Deadline) -> Vec<(String, Result<String, String>)> {
+        let probes = self.lanes.iter().map(|slot| async move {
+            let result = if let Some(reason) = &slot.switched_off {
+                Err(format!("disabled ({reason})"))
+            } else if let Some(why) = &lock(&slot.health).misconfigured {
+                Err(format!("misconfigured: {why}"))
+            } else {
+                match timeout_at(deadline.instant(), slot.lane.probe(deadline)).await {
+                    Ok(Ok(what)) => Ok(what),
+                    Ok(Err(failure)) => Err(format!("{}: {failure}", failure.outcome())),
+                    Err(_) => Err(format!("timeout: {}", LaneFailure::Timeout)),
+                }
+            };
+            (slot.name.clone(), result)
+        });
+        // Probes run concurrently so one hung lane cannot hold up the others' answers.
+        futures_util::future::join_all(probes).await
+    }
+
+    fn index_of(&self, lane: &str) -> Result<usize, RouterError> {
+        self.lanes
+            .iter()
+            .position(|slot| slot.name == lane)
+            .ok_or_else(|| RouterError::UnknownLane(lane.to_string()))
+    }
+
+    async fn run(
+        &self,
+        request: &ChatRequest,
+        deadline: Deadline,
+        order: &[usize],
+        pinned: Option<&str>,
+    ) -> Routed {
+        let started = Instant::now();
+        let job_id = uuid::Uuid::new_v4().simple().to_string();
+        let mut attempts = Vec::with_capacity(order.len());
+        let mut completion = None;
+        for (position, &index) in order.iter().enumerate() {
+            let later = &order[position + 1..];
+            let (attempt, answer) = self.attempt(index, request, deadline, later).await;
+            attempts.push(attempt);
+            if answer.is_some() {
+                completion = answer;
+                break;
+            }
+        }
+        let routed = Routed {
+            job_id,
+            completion,
+            attempts,
+            elapsed: started.elapsed(),
+        };
+        self.write_audit(&routed, request, pinned);
+        routed
+    }
+
+    fn write_audit(&self, routed: &Routed, request: &ChatRequest, pinned: Option<&str>) {
+        let Some(audit) = &self.audit else { return };
+        let (sha, bytes) = request.fingerprint();
+        let bodies = audit.include_bodies();
+        let entry = AuditEntry {
+            ts: Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            job_id: &routed.job_id,
+            prompt_sha256: &sha,
+            prompt_bytes: bytes,
+            pinned_lane: pinned,
+            attempts: &routed.attempts,
+            served_by: routed.completion.as_ref().map(|c| c.lane.as_str()),
+            elapsed_ms: millis(routed.elapsed),
+            request: bodies.then_some(request),
+            answer: routed
+                .completion
+                .as_ref()
+                .filter(|_| bodies)
+                .map(|c| c.text.as_str()),
+        };
+        if let Err(err) = audit.record(&entry) {
+            tracing::warn!("cannot write audit line for job {}: {err}", routed.job_id);
+        }
+    }
+
+    /// One attempt on one lane: admission, queue, call, and what the outcome does to the lane.
+    async fn attempt(
+        &self,
+        index: usize,
+        request: &ChatRequest,
+        deadline: Deadline,
+        later: &[usize],
+    ) -> (Attempt, Option<Completion>) {
+        let slot = &self.lanes[index];
+        let refused =
+            |outcome: Outcome, detail: String, until: Option<DateTime<Utc>>, queue: Duration| {
+                self.metrics
+                    .record(&slot.name, outcome, queue, Duration::ZERO);
+                let attempt = Attempt {
+                    lane: slot.name.clone(),
+                    outcome,
+                    queue_ms: millis(queue),
+                    call_ms: 0,
+                    detail: Some(detail),
+                    until,
+                };
+                (attempt, None)
+            };
+
+        // Admission, cheapest first, before anything waits or touches the network.
+        if let Some(reason) = &slot.switched_off {
+            return refused(Outcome::Disabled, reason.clone(), None, Duration::ZERO);
+        }
+        let probe = match slot.admit(Instant::now()) {
+            Gate::Refuse(outcome, detail, until) => {
+                return refused(outcome, detail, until, Duration::ZERO);
+            }
+            Gate::Pass { probe } => ProbeGuard { slot, armed: probe },
+        };
+        if deadline.is_below(self.floor) {
+            return refused(
+                Outcome::BudgetExhausted,
+                budget_detail(deadline, self.floor),
+                None,
+                Duration::ZERO,
+            );
+        }
+        let now = Instant::now();
+        let lane_deadline = if later.iter().any(|&j| self.lanes[j].could_serve(now)) {
+            deadline.share(slot.max_share)
+        } else {
+            deadline
+        };
+
+        // The queue: waiting for a permit spends the budget, so it is bounded and timed apart.
+        let queued_at = Instant::now();
+        let permit = match timeout_at(lane_deadline.instant(), slot.permits.acquire()).await {
+            Ok(Ok(permit)) => permit,
+            Ok(Err(_)) | Err(_) => {
+                let queued = queued_at.elapsed();
+                return refused(
+                    Outcome::QueueTimeout,
+                    format!("all {} permits busy until the deadline", slot.max_inflight),
+                    None,
+                    queued,
+                );
+            }
+        };
+        let queued = queued_at.elapsed();
+        if lane_deadline.is_below(self.floor) {
+            return refused(
+                Outcome::BudgetExhausted,
+                budget_detail(lane_deadline, self.floor),
+                None,
+                queued,
+            );
+        }
+
+        // The call: connect, headers and the whole body must land before the lane's deadline.
+        let called_at = Instant::now();
+        let result = match timeout_at(
+            lane_deadline.instant(),
+            slot.lane.complete(request, lane_deadline),
+        )
+        .await
+        {
+            Ok(result) => result,
+            Err(_) => Err(LaneFailure::Timeout),
+        };
+        let called = called_at.elapsed();
+        drop(permit);
+
+        let timings = Timings {
+            queue_ms: millis(queued),
+            call_ms: millis(called),
+        };
+        match result {
+            Ok(answer) => {
+                probe.disarm();
+                slot.record_success();
+                self.metrics
+                    .record(&slot.name, Outcome::Served, queued, called);
+                let attempt = Attempt {
+                    lane: slot.name.clone(),
+                    outcome: Outcome::Served,
+                    queue_ms: timings.queue_ms,
+                    call_ms: timings.call_ms,
+                    detail: None,
+                    until: None,
+                };
+                let completion = Completion {
+                    text: answer.text,
+                    lane: slot.name.clone(),
+                    model: answer.model,
+                    fingerprint: answer.fingerprint,
+                    finish_reason: answer.finish_reason,
+                    usage: answer.usage,
+                    timings,
+                };
+                (attempt, Some(completion))
+            }
+            Err(failure) => {
+                let counted = failure.counts_against_breaker();
+                if counted {
+                    probe.disarm();
+                }
+                let until = slot.record_failure(&failure);
+                self.metrics
+                    .record(&slot.name, failure.outcome(), queued, called);
+                let attempt = Attempt {
+                    lane: slot.name.clone(),
+                    outcome: failure.outcome(),
+                    queue_ms: timings.queue_ms,
+                    call_ms: timings.call_ms,
+                    detail: Some(failure.to_string()),
+                    until,
+                };
+                (attempt, None)
+            }
+        }
+    }
+}
+
+impl LaneSlot {
+    /// `fallback` ends the warning lines: what happens to jobs while this lane is out.
+    fn new(
+        config: &LaneConfig,
+        env: &dyn Fn(&str) -> Option<String>,
+        fallback: &'static str,
+    ) -> Result<LaneSlot, RouterError> {
+        let lane: Box<dyn Lane> = match config.kind {
+            LaneKind::Openai => Box::new(OpenAiLane::new(config, env).map_err(RouterError::Lane)?),
+        };
+        let switched_off = if !config.enabled {
+            Some("enabled: false in config".to_string())
+        } else if env(&config.kill_switch_env).is_some_and(|v| v.trim().eq_ignore_ascii_case("off"))
+        {
+            Some(format!("{}=off", config.kill_switch_env))
+        } else {
+            None
+        };
+        let misconfigured = match (&config.api_key_env, &switched_off) {
+            (Some(var), None) if env(var).is_none_or(|v| v.is_empty()) => {
+                let why = format!("api key env var {var} is not set");
+                tracing::warn!("lane {}: misconfigured: {why}{fallback}", config.name);
+                Some(why)
+            }
+            _ => None,
+        };
+        if let Some(reason) = &switched_off {
+            tracing::info!("lane {}: disabled ({reason}){fallback}", config.name);
+        }
+        Ok(LaneSlot {
+            name: config.name.clone(),
+            lane,
+            switched_off,
+            permits: Semaphore::new(config.max_inflight),
+            max_inflight: config.max_inflight,
+            max_share: config.max_share,
+            cooldown: config.breaker.cooldown,
+            fallback,
+            health: Mutex::new(Health {
+                breaker: Breaker::new(config.breaker),
+                exhausted_until: None,
+                misconfigured,
+                healthy: true,
+            }),
+        })
+    }
+
+    fn status(&self, now: Instant) -> LaneStatus {
+        if self.switched_off.is_some() {
+            return LaneStatus::Disabled;
+        }
+        let health = lock(&self.health);
+        if health.misconfigured.is_some() {
+            return LaneStatus::Misconfigured;
+        }
+        if health.exhausted_until.is_some_and(|(until, _)| now < until) {
+            return LaneStatus::Exhausted;
+        }
+        match health.breaker.state(now) {
+            BreakerState::Closed => LaneStatus::Closed,
+            BreakerState::Open { .. } => LaneStatus::Open,
+            BreakerState::HalfOpen { .. } => LaneStatus::HalfOpen,
+        }
+    }
+
+    /// Whether this lane could take a job now (used to decide whether an earlier lane must
+    /// leave it time).
+    fn could_serve(&self, now: Instant) -> bool {
+        if self.switched_off.is_some() {
+            return false;
+        }
+        let health = lock(&self.health);
+        health.misconfigured.is_none()
+            && health.exhausted_until.is_none_or(|(until, _)| now >= until)
+            && health.breaker.would_admit(now)
+    }
+
+    fn admit(&self, now: Instant) -> Gate {
+        let mut health = lock(&self.health);
+        if let Some(why) = &health.misconfigured {
+            return Gate::Refuse(Outcome::Misconfigured, why.clone(), None);
+        }
+        if let Some((until, wall)) = health.exhausted_until {
+            if now < until {
+                return Gate::Refuse(
+                    Outcome::Exhausted,
+                    format!(
+                        "rate limited until {}",
+                        wall.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                    ),
+                    Some(wall),
+                );
+            }
+            health.exhausted_until = None;
+        }
+        match health.breaker.admit(now) {
+            BreakerAdmission::Allowed => Gate::Pass { probe: false },
+            BreakerAdmission::Probe => Gate::Pass { probe: true },
+            BreakerAdmission::Refused { until } => {
+                let detail = match until {
+                    Some(until) => format!(
+                        "breaker open for another {}",
+                        seconds(until.saturating_duration_since(now))
+                    ),
+                    None => "breaker half-open, probe in flight".to_string(),
+                };
+                Gate::Refuse(Outcome::BreakerOpen, detail, None)
+            }
+        }
+    }
+
+    fn record_success(&self) {
+        let mut health = lock(&self.health);
+        health.breaker.record_success();
+        if !health.healthy {
+            tracing::info!("lane {}: answering again", self.name);
+            health.healthy = true;
+        }
+    }
+
+    /// Applies a failure to the lane's state; returns the reset time for exhaustion.
+    fn record_failure(&self, failure: &LaneFailure) -> Option<DateTime<Utc>> {
+        let now = Instant::now();
+        let mut health = lock(&self.health);
+        let first = std::mem::replace(&mut health.healthy, false);
+        match failure {
+            LaneFailure::RateLimited { reset, message } => {
+                let wall_now = SystemTime::now();
+                let reset = reset.unwrap_or(wall_now + self.cooldown);
+                let wait = reset.duration_since(wall_now).unwrap_or_default();
+                let wall: DateTime<Utc> = reset.into();
+                health.exhausted_until = Some((now + wait, wall));
+                health.breaker.release_probe();
+                tracing::warn!(
+                    "lane {}: exhausted until {} ({message}); skipping it without requests until then",
+                    self.name,
+                    wall.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                );
+                return Some(wall);
+            }
+            LaneFailure::Misconfigured(why) => {
+                health.misconfigured = Some(why.clone());
+                health.breaker.release_probe();
+                tracing::warn!(
+                    "lane {}: misconfigured: {why}; fix its settings{}",
+                    self.name,
+                    self.fallback
+                );
+            }
+            counted if counted.counts_against_breaker() => {
+                if first {
+                    tracing::warn!("lane {}: {counted}{}", self.name, self.fallback);
+                }
+                if let Some(cooldown) = health.breaker.record_failure(now) {
+                    tracing::info!("lane {}: breaker open for {}", self.name, seconds(cooldown));
+                }
+            }
+            other => {
+                // A request error: the lane is alive, our request was wrong.
+                health.healthy = first;
+                health.breaker.release_probe();
+                tracing::debug!("lane {}: {other}", self.name);
+            }
+        }
+        None
+    }
+}
+
+/// Releases a half-open probe that never reported, whatever path the attempt left by
+/// (including the job being dropped mid-call).
+struct ProbeGuard<'a> {
+    slot: &'a LaneSlot,
+    armed: bool,
+}
+
+impl ProbeGuard<'_> {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for ProbeGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            lock(&self.slot.health).breaker.release_probe();
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn millis(duration: Duration) -> u64 {
+    duration.as_millis().min(u128::from(u64::MAX)) as u64
+}
+
+fn seconds(duration: Duration) -> String {
+    format!("{:.1}s", duration.as_secs_f64())
+}
+
+fn budget_detail(deadline: Deadline, floor: Duration) -> String {
+    format!(
+        "{} ms left, below the {} ms floor",
+        millis(deadline.remaining()),
+        millis(floor)
+    )
+}

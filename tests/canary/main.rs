@@ -1,0 +1,12 @@
+//! Behaviour tests of canary against real servers on loopback. One test binary, one module per
+//! area, to keep link time down.
+
+mod support;
+
+mod audit;
+mod cli;
+mod deadlines;
+mod exhaustion;
+mod failures;
+mod kill_switch;
+mod router;
