@@ -66,6 +66,48 @@ pub enum ColorChoice {
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Send every pinned prompt to every enabled lane, store the answers, judge them against
+    /// the baselines.
+    ///
+    /// Each lane is measured by its own answers, never substituted by another lane's. Results
+    /// are committed to the store as they arrive; a second run on the same store exits 2 at once.
+    ///
+    /// Exit codes: 0 no drift, 1 drift, 2 error (config, store, lock held), 3 no drift seen but
+    /// some lane or prompt could not be measured.
+    #[command(
+        after_help = "Examples:\n  canary run\n  canary run --lane free --samples 3\n  \
+        canary run --prompt prime-17077 --format json"
+    )]
+    Run(RunArgs),
+
+    /// Review a run: verdict table, then a diff of baseline vs output for each drifted item.
+    ///
+    /// Judges the run (latest by default) against the baselines as they are now, or against
+    /// another run. Exit codes, like diff(1): 0 nothing drifted, 1 drift, 2 error.
+    #[command(
+        after_help = "Examples:\n  canary diff\n  canary diff --run 12 --lane free\n  \
+        canary diff --against 11 --all\n  canary diff --format json"
+    )]
+    Diff(DiffArgs),
+
+    /// Write a run's answers as the new baselines (snapshots/<lane>/<prompt-id>.snap).
+    ///
+    /// Never from a failed result. With --samples N, first runs the prompts N times and accepts
+    /// that run, so the baseline carries its own noise band.
+    #[command(
+        after_help = "Examples:\n  canary accept\n  canary accept --run 12 --lane free --prompt prime-17077\n  \
+        canary accept --samples 5"
+    )]
+    Accept(AcceptArgs),
+
+    /// Walk the drifted, new and stale items of the latest run: accept, reject or skip each.
+    ///
+    /// Needs a terminal; without one it prints the non-interactive commands instead.
+    Review(ReviewArgs),
+
+    /// Runs over time: verdict counts, similarity and latency per lane, or one prompt's story.
+    History(HistoryArgs),
+
     /// Send one prompt through the shared router: lanes in order, first answer inside the
     /// deadline wins.
     ///
@@ -118,7 +160,102 @@ pub struct CheckArgs {
     pub probe: bool,
 }
 
+/// Arguments of `canary run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Only these lanes (repeatable).
+    #[arg(long = "lane", value_name = "LANE")]
+    pub lanes: Vec<String>,
+
+    /// Only these prompts (repeatable).
+    #[arg(long = "prompt", value_name = "ID")]
+    pub prompts: Vec<String>,
+
+    /// Answers per (lane, prompt); more samples judge nondeterministic lanes fairly.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub samples: u32,
+
+    /// Do not send alerts for this run.
+    #[arg(long)]
+    pub no_alert: bool,
+}
+
+/// Arguments of `canary diff`.
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The run to review (default: the latest).
+    #[arg(long, value_name = "ID")]
+    pub run: Option<i64>,
+
+    /// Compare with the baselines (default) or with another run's answers.
+    #[arg(long, value_name = "baseline|RUN", default_value = "baseline")]
+    pub against: String,
+
+    /// Only these lanes (repeatable).
+    #[arg(long = "lane", value_name = "LANE")]
+    pub lanes: Vec<String>,
+
+    /// Only these prompts (repeatable).
+    #[arg(long = "prompt", value_name = "ID")]
+    pub prompts: Vec<String>,
+
+    /// Show a diff for every item that differs, not only the drifted ones.
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// Arguments of `canary accept`.
+#[derive(Debug, Args)]
+pub struct AcceptArgs {
+    /// The run to accept (default: the latest).
+    #[arg(long, value_name = "ID", conflicts_with = "samples")]
+    pub run: Option<i64>,
+
+    /// Only these lanes (repeatable).
+    #[arg(long = "lane", value_name = "LANE")]
+    pub lanes: Vec<String>,
+
+    /// Only these prompts (repeatable).
+    #[arg(long = "prompt", value_name = "ID")]
+    pub prompts: Vec<String>,
+
+    /// Run the prompts N times now and accept that run, so the baseline has a noise band.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub samples: Option<u32>,
+}
+
+/// Arguments of `canary review`.
+#[derive(Debug, Args)]
+pub struct ReviewArgs {
+    /// The run to review (default: the latest).
+    #[arg(long, value_name = "ID")]
+    pub run: Option<i64>,
+}
+
+/// Arguments of `canary history`.
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    /// Only this lane.
+    #[arg(long, value_name = "LANE")]
+    pub lane: Option<String>,
+
+    /// One prompt's story across runs.
+    #[arg(long, value_name = "ID")]
+    pub prompt: Option<String>,
+
+    /// How many runs, newest first.
+    #[arg(long, default_value_t = 20)]
+    pub limit: usize,
+}
+
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text)
-        .map_err(|_| format!("expected a duration such as 800ms, 5s or 2m, found `{text}`"))
+    match humantime::parse_duration(text) {
+        Ok(d) if !d.is_zero() && d <= crate::config::MAX_DEADLINE => Ok(d),
+        Ok(_) => Err(format!(
+            "expected a duration above 0 and at most 24h, found `{text}`"
+        )),
+        Err(_) => Err(format!(
+            "expected a duration such as 800ms, 5s or 2m, found `{text}`"
+        )),
+    }
 }

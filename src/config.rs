@@ -6,12 +6,13 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
-use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 use serde_saphyr::Spanned;
+
+use crate::verdict::MinDrifted;
 
 /// Default `max_response_bytes`: 4 MiB.
 pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 4 * 1024 * 1024;
@@ -137,6 +138,8 @@ pub struct DriftConfig {
     pub threshold: f64,
     /// Control lane: drift seen there too is for review, not an alert.
     pub control: Option<String>,
+    /// How many drifted prompts make a lane drifted.
+    pub min_drifted: MinDrifted,
 }
 
 /// Schedule of `canary schedule`.
@@ -265,11 +268,11 @@ struct RawConfig {
     audit_bodies: bool,
     #[serde(default)]
     metrics_file: Option<PathBuf>,
-    #[serde(default = "default_deadline")]
-    deadline: HumanDuration,
-    #[serde(default = "default_floor")]
-    floor: HumanDuration,
-    lanes: Vec<RawLane>,
+    #[serde(default)]
+    deadline: Option<Spanned<HumanDuration>>,
+    #[serde(default)]
+    floor: Option<Spanned<HumanDuration>>,
+    lanes: Spanned<Vec<RawLane>>,
     #[serde(default)]
     drift: Option<RawDrift>,
     #[serde(default)]
@@ -290,12 +293,14 @@ fn default_snapshots() -> PathBuf {
 fn default_audit() -> Option<PathBuf> {
     Some(PathBuf::from(".canary/audit.jsonl"))
 }
-fn default_deadline() -> HumanDuration {
-    HumanDuration(Duration::from_secs(30))
-}
-fn default_floor() -> HumanDuration {
-    HumanDuration(Duration::from_millis(50))
-}
+/// Default budget of one job.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
+/// Default floor.
+pub const DEFAULT_FLOOR: Duration = Duration::from_millis(50);
+/// Longest budget a job may be given.
+pub const MAX_DEADLINE: Duration = Duration::from_secs(24 * 60 * 60);
+/// Most in-flight requests a lane may allow.
+pub const MAX_INFLIGHT: usize = 10_000;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -310,23 +315,20 @@ struct RawLane {
     kill_switch_env: Option<EnvName>,
     #[serde(default = "yes")]
     enabled: bool,
-    #[serde(default = "default_max_inflight")]
-    max_inflight: NonZeroUsize,
+    #[serde(default)]
+    max_inflight: Option<InFlight>,
     #[serde(default)]
     breaker: RawBreaker,
     #[serde(default)]
     max_response_bytes: Option<ByteCount>,
     #[serde(default)]
-    headers: BTreeMap<String, String>,
+    headers: BTreeMap<HeaderName, HeaderValue>,
     #[serde(default)]
     max_share: Option<Share>,
 }
 
 fn yes() -> bool {
     true
-}
-fn default_max_inflight() -> NonZeroUsize {
-    NonZeroUsize::new(4).unwrap_or(NonZeroUsize::MIN)
 }
 
 #[derive(Deserialize, Default)]
@@ -337,7 +339,7 @@ struct RawBreaker {
     #[serde(default)]
     cooldown: Option<HumanDuration>,
     #[serde(default)]
-    max_cooldown: Option<HumanDuration>,
+    max_cooldown: Option<Spanned<HumanDuration>>,
 }
 
 #[derive(Deserialize)]
@@ -347,6 +349,8 @@ struct RawDrift {
     threshold: Option<Similarity>,
     #[serde(default)]
     control: Option<Spanned<String>>,
+    #[serde(default)]
+    min_drifted: Option<MinDriftedValue>,
 }
 
 #[derive(Deserialize)]
@@ -401,8 +405,60 @@ fn default_smtp_security() -> SmtpSecurity {
 
 impl RawConfig {
     fn resolve(self, path: &Path, dir: &Path) -> Result<Config, ConfigError> {
+        if self.lanes.value.is_empty() {
+            return Err(invalid_at(
+                path,
+                &self.lanes,
+                "expected at least one lane under `lanes:`".into(),
+            ));
+        }
+        let deadline = self
+            .deadline
+            .as_ref()
+            .map_or(DEFAULT_DEADLINE, |d| d.value.0);
+        let floor = self.floor.as_ref().map_or(DEFAULT_FLOOR, |f| f.value.0);
+        if let Some(spanned) = &self.deadline
+            && (deadline.is_zero() || deadline > MAX_DEADLINE)
+        {
+            return Err(invalid_at(
+                path,
+                spanned,
+                format!(
+                    "expected a deadline above 0 and at most 24h, found {}",
+                    humantime::format_duration(deadline)
+                ),
+            ));
+        }
+        if floor >= deadline {
+            let message = format!(
+                "floor ({}) must be below deadline ({}): otherwise every job fails before it starts",
+                humantime::format_duration(floor),
+                humantime::format_duration(deadline)
+            );
+            return Err(match (&self.floor, &self.deadline) {
+                (Some(at), _) => invalid_at(path, at, message),
+                (None, Some(at)) => invalid_at(path, at, message),
+                (None, None) => invalid_at(path, &self.lanes, message),
+            });
+        }
+        for lane in &self.lanes.value {
+            if let (Some(max), Some(cooldown)) =
+                (&lane.breaker.max_cooldown, &lane.breaker.cooldown)
+                && max.value.0 < cooldown.0
+            {
+                return Err(invalid_at(
+                    path,
+                    max,
+                    format!(
+                        "breaker max_cooldown ({}) must not be below cooldown ({})",
+                        humantime::format_duration(max.value.0),
+                        humantime::format_duration(cooldown.0)
+                    ),
+                ));
+            }
+        }
         let mut seen = HashSet::new();
-        for lane in &self.lanes {
+        for lane in &self.lanes.value {
             if !seen.insert(lane.name.value.0.clone()) {
                 return Err(invalid_at(
                     path,
@@ -425,6 +481,7 @@ impl RawConfig {
                         "{key} names lane `{}`, but no lane has that name (lanes: {})",
                         name.value,
                         self.lanes
+                            .value
                             .iter()
                             .map(|l| l.name.value.0.as_str())
                             .collect::<Vec<_>>()
@@ -437,6 +494,7 @@ impl RawConfig {
             None => DriftConfig {
                 threshold: 0.85,
                 control: None,
+                min_drifted: MinDrifted::Count(1),
             },
             Some(raw) => DriftConfig {
                 threshold: raw.threshold.map_or(0.85, |t| t.0),
@@ -445,6 +503,10 @@ impl RawConfig {
                     .as_ref()
                     .map(|c| known(c, "drift.control"))
                     .transpose()?,
+                min_drifted: raw
+                    .min_drifted
+                    .as_ref()
+                    .map_or(MinDrifted::Count(1), |m| m.0),
             },
         };
         let alerts = match &self.alerts {
@@ -475,6 +537,7 @@ impl RawConfig {
         };
         let lanes = self
             .lanes
+            .value
             .into_iter()
             .map(|raw| {
                 let name = raw.name.value.0;
@@ -491,19 +554,19 @@ impl RawConfig {
                     model: raw.model,
                     api_key_env: raw.api_key_env.map(|e| e.0),
                     enabled: raw.enabled,
-                    max_inflight: raw.max_inflight.get(),
+                    max_inflight: raw.max_inflight.map_or(4, |n| n.0),
                     breaker: BreakerConfig {
                         failures: raw.breaker.failures.map_or(defaults.failures, |f| f.0),
                         cooldown,
                         max_cooldown: raw
                             .breaker
                             .max_cooldown
-                            .map_or(defaults.max_cooldown.max(cooldown), |d| d.0.max(cooldown)),
+                            .map_or(defaults.max_cooldown.max(cooldown), |d| d.value.0),
                     },
                     max_response_bytes: raw
                         .max_response_bytes
                         .map_or(DEFAULT_MAX_RESPONSE_BYTES, |b| b.0),
-                    headers: raw.headers,
+                    headers: raw.headers.into_iter().map(|(k, v)| (k.0, v.0)).collect(),
                     max_share: raw.max_share.map_or(0.5, |s| s.0),
                 }
             })
@@ -517,8 +580,8 @@ impl RawConfig {
             audit: self.audit.map(at),
             audit_bodies: self.audit_bodies,
             metrics_file: self.metrics_file.map(at),
-            deadline: self.deadline.0,
-            floor: self.floor.0,
+            deadline,
+            floor,
             lanes,
             drift,
             schedule: self.schedule.map(|s| ScheduleConfig {
@@ -647,6 +710,50 @@ parsed_scalar!(BaseUrl(String), |text| {
     }
 });
 
+/// A per-lane in-flight cap, 1 to [`MAX_INFLIGHT`].
+struct InFlight(usize);
+parsed_scalar!(InFlight(usize), |text| {
+    match text.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX_INFLIGHT).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "expected a whole number of requests from 1 to {MAX_INFLIGHT}, found `{text}`"
+        )),
+    }
+});
+
+/// An HTTP header name for `headers:`.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct HeaderName(String);
+
+impl<'de> Deserialize<'de> for HeaderName {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        if text.eq_ignore_ascii_case("authorization") {
+            return Err(serde::de::Error::custom(
+                "the Authorization header is set from api_key_env; secrets never go in this file",
+            ));
+        }
+        reqwest::header::HeaderName::from_bytes(text.as_bytes())
+            .map(|_| HeaderName(text.clone()))
+            .map_err(|_| {
+                serde::de::Error::custom(format!("expected an HTTP header name, found `{text}`"))
+            })
+    }
+}
+
+/// An HTTP header value for `headers:`.
+struct HeaderValue(String);
+parsed_scalar!(HeaderValue(String), |text| {
+    reqwest::header::HeaderValue::from_str(text)
+        .map(|_| text.to_string())
+        .map_err(|_| {
+            format!(
+                "expected a header value without control characters, found `{}`",
+                text.escape_debug()
+            )
+        })
+});
+
 /// A fraction in (0, 1].
 #[derive(Clone, Copy)]
 struct Share(f64);
@@ -668,6 +775,25 @@ parsed_scalar!(Similarity(f64), |text| {
         _ => Err(format!(
             "expected a similarity between 0 and 1, found `{text}`"
         )),
+    }
+});
+
+/// `3` (prompts) or `25%` (of the judged prompts).
+struct MinDriftedValue(MinDrifted);
+parsed_scalar!(MinDriftedValue(MinDrifted), |text| {
+    let text = text.trim();
+    let bad = || {
+        format!("expected a number of prompts (e.g. 1) or a percentage (e.g. 25%), found `{text}`")
+    };
+    match text.strip_suffix('%') {
+        Some(percent) => match percent.trim().parse::<f64>() {
+            Ok(p) if p > 0.0 && p <= 100.0 => Ok(MinDrifted::Fraction(p / 100.0)),
+            _ => Err(bad()),
+        },
+        None => match text.parse::<u32>() {
+            Ok(n) if n >= 1 => Ok(MinDrifted::Count(n)),
+            _ => Err(bad()),
+        },
     }
 });
 
@@ -774,6 +900,73 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains(":2:"), "{err}");
+    }
+
+    #[test]
+    fn the_lane_drift_rule_takes_a_count_or_a_percentage() {
+        let config = parse(&format!("{MINIMAL}drift:\n  min_drifted: 25%\n")).unwrap();
+        assert_eq!(config.drift.min_drifted, MinDrifted::Fraction(0.25));
+        let config = parse(&format!("{MINIMAL}drift:\n  min_drifted: 2\n")).unwrap();
+        assert_eq!(config.drift.min_drifted, MinDrifted::Count(2));
+        let err = parse(&format!("{MINIMAL}drift:\n  min_drifted: 0\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(":7:") && err.contains("percentage"), "{err}");
+    }
+
+    #[test]
+    fn settings_that_cannot_work_are_located_errors() {
+        let err = parse(&format!("deadline: 40ms\n{MINIMAL}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("/srv/canary/canary.yaml:1:")
+                && err.contains("floor (50ms) must be below"),
+            "{err}"
+        );
+        let err = parse(&format!("deadline: 300000000000y\n{MINIMAL}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(":1:") && err.contains("at most 24h"), "{err}");
+        let err = parse("lanes: []\n").unwrap_err().to_string();
+        assert!(
+            err.contains(":1:") && err.contains("at least one lane"),
+            "{err}"
+        );
+        let err = parse(&format!(
+            "{MINIMAL}    max_inflight: 18446744073709551615\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains(":6:") && err.contains("from 1 to 10000"),
+            "{err}"
+        );
+        let err = parse(&format!(
+            "{MINIMAL}    breaker: {{ cooldown: 60s, max_cooldown: 10s }}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains(":6:") && err.contains("max_cooldown"), "{err}");
+    }
+
+    #[test]
+    fn headers_are_checked_where_they_are_written() {
+        let err = parse(&format!("{MINIMAL}    headers: {{ \"bad header\": x }}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(":6:") && err.contains("header name"), "{err}");
+        let err = parse(&format!(
+            "{MINIMAL}    headers: {{ Authorization: Bearer sk-x }}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("api_key_env"), "{err}");
+        let ok = parse(&format!(
+            "{MINIMAL}    headers: {{ HTTP-Referer: https://example.com }}\n"
+        ))
+        .unwrap();
+        assert_eq!(ok.lanes[0].headers["HTTP-Referer"], "https://example.com");
     }
 
     #[test]

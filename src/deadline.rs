@@ -8,6 +8,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+/// The longest budget a deadline holds; larger ones are cut to this.
+pub const MAX_BUDGET: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
 /// An absolute point on the monotonic clock by which a job must be finished.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Deadline {
@@ -17,9 +20,10 @@ pub struct Deadline {
 impl Deadline {
     /// Mints the deadline of a new job: `budget` from now. Call this only at the edge.
     pub fn after(budget: Duration) -> Self {
-        Deadline {
-            at: Instant::now() + budget,
-        }
+        let now = Instant::now();
+        // A budget too large for the clock is as good as no deadline: cap it at a year.
+        let at = now.checked_add(budget.min(MAX_BUDGET)).unwrap_or(now);
+        Deadline { at }
     }
 
     /// The deadline at an absolute instant, for callers that already hold one.
@@ -48,7 +52,7 @@ impl Deadline {
         if share >= 1.0 {
             return *self;
         }
-        let part = self.remaining().mul_f64(share.max(0.0));
+        let part = self.remaining().mul_f64(share.clamp(0.0, 1.0));
         Deadline {
             at: (Instant::now() + part).min(self.at),
         }

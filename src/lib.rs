@@ -9,13 +9,22 @@
 //! - [`audit`], [`metrics`]: what a job leaves behind.
 //! - [`cmd`]: the commands.
 
+pub mod accept;
 pub mod audit;
+pub mod checks;
 pub mod cli;
 pub mod cmd;
 pub mod completion;
 pub mod config;
 pub mod deadline;
+pub mod diff;
+pub mod judge;
 pub mod lane;
 pub mod metrics;
 pub mod outcome;
+pub mod prompts;
 pub mod router;
+pub mod run;
+pub mod snapshot;
+pub mod store;
+pub mod verdict;

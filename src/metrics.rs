@@ -140,19 +140,23 @@ impl Metrics {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Records one attempt: its outcome, the time it queued for a permit and the call time.
-    pub fn record(&self, lane: &str, outcome: Outcome, queue: Duration, call: Duration) {
+    /// Records one attempt: its outcome, the time it queued for a permit (`None` when it was
+    /// turned away before the queue, so refusals do not drag queue percentiles to zero) and the
+    /// call time.
+    pub fn record(&self, lane: &str, outcome: Outcome, queue: Option<Duration>, call: Duration) {
         let mut inner = self.lock();
         inner
             .calls
             .entry((lane.to_string(), outcome))
             .or_insert_with(Distribution::new)
             .record(call);
-        inner
-            .queue
-            .entry(lane.to_string())
-            .or_insert_with(Distribution::new)
-            .record(queue);
+        if let Some(queue) = queue {
+            inner
+                .queue
+                .entry(lane.to_string())
+                .or_insert_with(Distribution::new)
+                .record(queue);
+        }
     }
 
     /// Per-lane summary for text output.
@@ -230,6 +234,18 @@ impl Metrics {
     }
 }
 
+/// Writes a Prometheus text file the way node_exporter's textfile collector expects: to a temp
+/// file beside it, then renamed over it, so a scrape never reads half a file.
+pub fn write_file(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut temp = path.as_os_str().to_os_string();
+    temp.push(".tmp");
+    std::fs::write(&temp, text)?;
+    std::fs::rename(&temp, path)
+}
+
 /// Escapes a Prometheus label value.
 fn escape(value: &str) -> String {
     value
@@ -245,24 +261,11 @@ mod tests {
     #[test]
     fn histograms_are_split_by_lane_and_outcome() {
         let metrics = Metrics::new();
-        metrics.record(
-            "free",
-            Outcome::Timeout,
-            Duration::ZERO,
-            Duration::from_millis(200),
-        );
-        metrics.record(
-            "paid",
-            Outcome::Served,
-            Duration::from_millis(3),
-            Duration::from_millis(40),
-        );
-        metrics.record(
-            "paid",
-            Outcome::Served,
-            Duration::from_millis(1),
-            Duration::from_millis(60),
-        );
+        let ms = Duration::from_millis;
+        metrics.record("free", Outcome::Timeout, Some(Duration::ZERO), ms(200));
+        metrics.record("free", Outcome::Disabled, None, Duration::ZERO);
+        metrics.record("paid", Outcome::Served, Some(ms(3)), ms(40));
+        metrics.record("paid", Outcome::Served, Some(ms(1)), ms(60));
         let text = metrics.render_prometheus(&[
             ("free".into(), LaneStatus::Disabled),
             ("paid".into(), LaneStatus::Closed),
@@ -281,6 +284,10 @@ mod tests {
             text.contains("canary_lane_call_seconds_count{lane=\"free\",outcome=\"timeout\"} 1")
         );
         assert!(text.contains("canary_lane_queue_seconds_count{lane=\"paid\"} 2"));
+        assert!(
+            text.contains("canary_lane_queue_seconds_count{lane=\"free\"} 1"),
+            "refusals do not queue"
+        );
         assert!(text.contains("canary_lane_attempts_total{lane=\"free\",outcome=\"timeout\"} 1"));
         assert!(text.contains("canary_lane_state{lane=\"free\",state=\"disabled\"} 1"));
         assert!(text.contains("canary_lane_state{lane=\"free\",state=\"closed\"} 0"));

@@ -5,7 +5,7 @@ use std::io::Read;
 use anyhow::Context;
 use serde::Serialize;
 
-use super::{EXIT_OK, EXIT_UNANSWERED, load_config, process_env};
+use super::{EXIT_OK, EXIT_UNANSWERED, emit, load_config, process_env};
 use crate::cli::{AskArgs, Cli, Format};
 use crate::completion::{ChatRequest, Params, Usage};
 use crate::deadline::Deadline;
@@ -59,7 +59,7 @@ pub async fn run(cli: &Cli, args: &AskArgs) -> anyhow::Result<i32> {
     };
     match cli.format {
         Format::Json => print_json(&routed)?,
-        Format::Text => print_text(&routed),
+        Format::Text => print_text(&routed)?,
     }
     Ok(if routed.completion.is_some() {
         EXIT_OK
@@ -81,16 +81,16 @@ fn print_json(routed: &Routed) -> anyhow::Result<()> {
         attempts: &routed.attempts,
         job_id: &routed.job_id,
     };
-    println!("{}", serde_json::to_string_pretty(&json)?);
+    emit(&format!("{}\n", serde_json::to_string_pretty(&json)?))?;
     Ok(())
 }
 
 /// The answer on stdout (so `canary ask ... > answer.txt` keeps only the answer), the routing
 /// story on stderr.
-fn print_text(routed: &Routed) {
+fn print_text(routed: &Routed) -> anyhow::Result<()> {
     match &routed.completion {
         Some(completion) => {
-            println!("{}", completion.text);
+            emit(&format!("{}\n", completion.text))?;
             let mut about = Vec::new();
             if let Some(model) = &completion.model {
                 about.push(format!("model {model}"));
@@ -133,4 +133,5 @@ fn print_text(routed: &Routed) {
             attempt.call_ms,
         );
     }
+    Ok(())
 }

@@ -64,10 +64,10 @@ pub async fn run(cli: &Cli, args: &CheckArgs) -> anyhow::Result<i32> {
             }),
         })
         .collect();
-    let unanswered =
-        config.lanes.iter().zip(&lanes).any(|(cfg, lane)| {
-            status_counts(cfg, lane) && lane.probe.as_ref().is_some_and(|p| !p.ok)
-        });
+    // Switched-off lanes are meant to be off: their probe does not fail the check.
+    let unanswered = lanes
+        .iter()
+        .any(|lane| lane.status != "disabled" && lane.probe.as_ref().is_some_and(|p| !p.ok));
     match cli.format {
         Format::Json => {
             let json = CheckJson {
@@ -80,11 +80,6 @@ pub async fn run(cli: &Cli, args: &CheckArgs) -> anyhow::Result<i32> {
         Format::Text => print_text(&config, &lanes),
     }
     Ok(if unanswered { EXIT_UNANSWERED } else { EXIT_OK })
-}
-
-/// Switched-off lanes are meant to be off: their probe does not fail the check.
-fn status_counts(_config: &crate::config::LaneConfig, lane: &LaneJson) -> bool {
-    lane.status != "disabled"
 }
 
 fn print_text(config: &Config, lanes: &[LaneJson]) {

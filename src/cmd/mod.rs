@@ -1,14 +1,22 @@
 //! The commands, one file each. Each returns the process exit code; errors that should exit 2
 //! come back as `Err` and are printed once by `main`.
 
+pub mod accept;
 pub mod ask;
 pub mod check;
+pub mod diff;
+pub mod history;
+pub mod review;
+pub mod run;
+mod verdicts;
 
 use std::path::Path;
 
+use std::io::IsTerminal;
+
 use anyhow::Context;
 
-use crate::cli::{Cli, Command};
+use crate::cli::{Cli, ColorChoice, Command};
 use crate::config::Config;
 
 /// Exit code: success.
@@ -23,6 +31,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     match &cli.command {
         Command::Ask(args) => ask::run(&cli, args).await,
         Command::Check(args) => check::run(&cli, args).await,
+        Command::Run(args) => run::run(&cli, args).await,
+        Command::Diff(args) => diff::run(&cli, args),
+        Command::Accept(args) => accept::run(&cli, args).await,
+        Command::Review(args) => review::run(&cli, args),
+        Command::History(args) => history::run(&cli, args),
     }
 }
 
@@ -35,6 +48,28 @@ pub fn load_config(path: &Path) -> anyhow::Result<Config> {
         );
     }
     Config::load(path).context("invalid configuration")
+}
+
+/// Writes `text` to stdout. A reader that went away (`canary diff | head`) is not an error.
+pub fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => Err(err.into()),
+        _ => Ok(()),
+    }
+}
+
+/// Whether to colour stdout: `--color`, then `NO_COLOR`, then whether stdout is a terminal.
+pub fn color_enabled(choice: ColorChoice) -> bool {
+    match choice {
+        ColorChoice::Always => true,
+        ColorChoice::Never => false,
+        ColorChoice::Auto => {
+            std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+                && std::io::stdout().is_terminal()
+        }
+    }
 }
 
 /// Reads an environment variable, as the router's `env` seam expects.

@@ -28,6 +28,12 @@ pub trait Lane: Send + Sync {
     /// Asks the endpoint whether it is up, without generating anything. Returns a short
     /// description of what answered (for `canary check --probe`).
     fn probe(&self, deadline: Deadline) -> BoxFuture<'_, Result<String, LaneFailure>>;
+
+    /// Why the lane cannot work at all as configured (e.g. its key is missing), known before
+    /// any request.
+    fn misconfiguration(&self) -> Option<String> {
+        None
+    }
 }
 
 /// What an endpoint returned, before the router stamps lane and timings on it.
@@ -118,6 +124,33 @@ impl LaneFailure {
                 | LaneFailure::BadBody(_)
                 | LaneFailure::TooLarge { .. }
         )
+    }
+}
+
+impl LaneFailure {
+    /// The same failure with its free-text message passed through `f` (to scrub secrets).
+    pub fn map_message(self, f: impl Fn(&str) -> String) -> LaneFailure {
+        match self {
+            LaneFailure::Connect(m) => LaneFailure::Connect(f(&m)),
+            LaneFailure::Transport(m) => LaneFailure::Transport(f(&m)),
+            LaneFailure::Timeout => LaneFailure::Timeout,
+            LaneFailure::Server { status, message } => LaneFailure::Server {
+                status,
+                message: f(&message),
+            },
+            LaneFailure::ErrorBody(m) => LaneFailure::ErrorBody(f(&m)),
+            LaneFailure::BadBody(m) => LaneFailure::BadBody(f(&m)),
+            LaneFailure::TooLarge { limit } => LaneFailure::TooLarge { limit },
+            LaneFailure::Client { status, message } => LaneFailure::Client {
+                status,
+                message: f(&message),
+            },
+            LaneFailure::RateLimited { reset, message } => LaneFailure::RateLimited {
+                reset,
+                message: f(&message),
+            },
+            LaneFailure::Misconfigured(m) => LaneFailure::Misconfigured(f(&m)),
+        }
     }
 }
 

@@ -24,6 +24,8 @@ pub struct OpenAiLane {
     models_endpoint: String,
     model: String,
     headers: HeaderMap,
+    /// The key, kept only to scrub it from anything a server echoes back.
+    key: Option<String>,
     missing_key: Option<String>,
     max_response_bytes: u64,
     client: reqwest::Client,
@@ -49,19 +51,21 @@ impl OpenAiLane {
             headers.insert(name, value);
         }
         let mut missing_key = None;
+        let mut key = None;
         if let Some(var) = &config.api_key_env {
             match env(var).filter(|key| !key.is_empty()) {
-                Some(key) => {
-                    let mut value =
-                        HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
-                            format!(
-                                "lane {}: the key in ${var} has characters a header cannot carry",
-                                config.name
-                            )
-                        })?;
-                    value.set_sensitive(true);
-                    headers.insert(AUTHORIZATION, value);
-                }
+                Some(value) => match HeaderValue::from_str(&format!("Bearer {value}")) {
+                    Ok(mut header) => {
+                        header.set_sensitive(true);
+                        headers.insert(AUTHORIZATION, header);
+                        key = Some(value);
+                    }
+                    Err(_) => {
+                        missing_key = Some(format!(
+                            "the key in ${var} has characters a header cannot carry"
+                        ));
+                    }
+                },
                 None => missing_key = Some(format!("api key env var {var} is not set")),
             }
         }
@@ -76,6 +80,7 @@ impl OpenAiLane {
             models_endpoint: format!("{}/models", config.base_url),
             model: config.model.clone(),
             headers,
+            key,
             missing_key,
             max_response_bytes: config.max_response_bytes,
             client,
@@ -122,6 +127,10 @@ impl OpenAiLane {
 }
 
 impl Lane for OpenAiLane {
+    fn misconfiguration(&self) -> Option<String> {
+        self.missing_key.clone()
+    }
+
     fn complete<'a>(
         &'a self,
         request: &'a ChatRequest,
@@ -131,7 +140,7 @@ impl Lane for OpenAiLane {
             let (status, headers, body) = self
                 .send(&self.endpoint, Some(self.body(request)), deadline)
                 .await?;
-            interpret(status, &headers, &body, SystemTime::now())
+            interpret(status, &headers, &body, SystemTime::now()).map_err(|f| self.scrub(f))
         })
     }
 
@@ -150,8 +159,19 @@ impl Lane for OpenAiLane {
                     format!("HTTP {status}, models: {}", models.join(", "))
                 });
             }
-            Err(status_failure(status, &headers, &body, SystemTime::now()))
+            Err(self.scrub(status_failure(status, &headers, &body, SystemTime::now())))
         })
+    }
+}
+
+impl OpenAiLane {
+    /// Removes the lane's key from a failure a server described: some servers echo the
+    /// Authorization header back in their error messages.
+    fn scrub(&self, failure: LaneFailure) -> LaneFailure {
+        match &self.key {
+            Some(key) => failure.map_message(|m| m.replace(key.as_str(), "[redacted]")),
+            None => failure,
+        }
     }
 }
 
@@ -234,7 +254,13 @@ fn status_failure(status: u16, headers: &HeaderMap, body: &[u8], now: SystemTime
     if let Some(error) = error {
         return error_object_failure(status, &error, headers, now);
     }
-    let message = short(&String::from_utf8_lossy(body));
+    // A body that is not an error object may echo the request (the prompt): describe it by its
+    // type and size only.
+    let content_type = headers
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("no content type");
+    let message = format!("{} byte {content_type} body", body.len());
     classify(status, None, message, headers, None, now)
 }
 
@@ -254,14 +280,17 @@ fn error_object_failure(
     let code = error["code"]
         .as_u64()
         .or_else(|| error["code"].as_str().and_then(|c| c.parse().ok()))
-        .map(|c| c as u16);
+        .and_then(|c| u16::try_from(c).ok());
     let kind = format!(
         "{} {}",
         error["code"].as_str().unwrap_or_default(),
         error["type"].as_str().unwrap_or_default()
     )
     .to_ascii_lowercase();
+    // Inside a 2xx, only rate-limit and auth codes keep their meaning; every other error there
+    // is the lane failing (status 0 below).
     let effective = match code {
+        Some(code) if (200..300).contains(&status) && !matches!(code, 401 | 402 | 403 | 429) => 0,
         Some(code) if (400..600).contains(&code) => code,
         _ if (200..300).contains(&status) => 0,
         _ => status,
@@ -420,6 +449,27 @@ mod tests {
             interpret(401, &HeaderMap::new(), auth, SystemTime::now()).unwrap_err(),
             LaneFailure::Misconfigured(_)
         ));
+    }
+
+    #[test]
+    fn an_inner_4xx_inside_a_200_counts_against_the_lane() {
+        let body = br#"{"error":{"message":"Provider returned error","code":400}}"#;
+        let failure = interpret(200, &HeaderMap::new(), body, SystemTime::now()).unwrap_err();
+        assert!(failure.counts_against_breaker(), "{failure:?}");
+        let huge = br#"{"error":{"message":"x","code":65965}}"#;
+        let failure = interpret(500, &HeaderMap::new(), huge, SystemTime::now()).unwrap_err();
+        assert!(
+            matches!(failure, LaneFailure::Server { status: 500, .. }),
+            "{failure:?}"
+        );
+    }
+
+    #[test]
+    fn a_body_that_is_not_an_error_object_is_never_quoted() {
+        let echo = br#"{"detail":[{"input":{"messages":[{"content":"SECRET-PROMPT"}]}}]}"#;
+        let failure = interpret(422, &HeaderMap::new(), echo, SystemTime::now()).unwrap_err();
+        assert!(!failure.to_string().contains("SECRET"), "{failure}");
+        assert!(failure.to_string().contains("byte"), "{failure}");
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub fn reset_time<'a>(
         let value = value.trim();
         if name == "retry-after-ms" {
             if let Ok(ms) = value.parse::<f64>() {
-                retry_after = Some(after(now, Duration::from_secs_f64(ms.max(0.0) / 1000.0)));
+                retry_after = Some(after(now, seconds(ms / 1000.0)));
             }
         } else if name == "retry-after" {
             // retry-after-ms is more precise; keep it when both are sent.
@@ -53,8 +53,8 @@ fn after(now: SystemTime, delta: Duration) -> SystemTime {
 
 /// `Retry-After: 120` or `Retry-After: Wed, 21 Oct 2015 07:28:00 GMT`.
 fn parse_retry_after(value: &str, now: SystemTime) -> Option<SystemTime> {
-    if let Ok(seconds) = value.parse::<f64>() {
-        return Some(after(now, Duration::from_secs_f64(seconds.max(0.0))));
+    if let Ok(value_seconds) = value.parse::<f64>() {
+        return Some(after(now, seconds(value_seconds)));
     }
     let date = chrono::DateTime::parse_from_rfc2822(value).ok()?;
     Some(system_time_from_unix_ms(date.timestamp_millis()))
@@ -70,13 +70,22 @@ fn parse_reset(value: &str, now: SystemTime) -> Option<SystemTime> {
         if number >= 1e9 {
             return Some(system_time_from_unix_ms((number * 1000.0) as i64));
         }
-        return Some(after(now, Duration::from_secs_f64(number.max(0.0))));
+        return Some(after(now, seconds(number)));
     }
     if let Ok(delta) = humantime::parse_duration(value) {
         return Some(after(now, delta));
     }
     let stamp = chrono::DateTime::parse_from_rfc3339(value).ok()?;
     Some(system_time_from_unix_ms(stamp.timestamp_millis()))
+}
+
+/// Seconds from a header as a duration: negative is zero, and anything too large or not a number
+/// at all (`1e300`, `inf`, `NaN`) is the longest reset we believe.
+fn seconds(value: f64) -> Duration {
+    if value.is_nan() {
+        return MAX_RESET;
+    }
+    Duration::try_from_secs_f64(value.max(0.0)).unwrap_or(MAX_RESET)
 }
 
 fn system_time_from_unix_ms(ms: i64) -> SystemTime {
@@ -159,5 +168,11 @@ mod tests {
         );
         assert_eq!(reset(&[("retry-after", "99999999")]), Some(MAX_RESET));
         assert_eq!(reset(&[("content-type", "application/json")]), None);
+        for hostile in ["1e20", "inf", "NaN", "-inf"] {
+            let got = reset(&[("retry-after", hostile)]).unwrap();
+            assert!(got <= MAX_RESET, "{hostile}: {got:?}");
+            let got = reset(&[("retry-after-ms", hostile)]).unwrap();
+            assert!(got <= MAX_RESET, "{hostile}: {got:?}");
+        }
     }
 }

@@ -23,8 +23,8 @@ pub enum BreakerState {
     },
     /// The cooldown is over; one probe may go through.
     HalfOpen {
-        /// Whether the probe has been handed out and not yet reported.
-        probing: bool,
+        /// The probe handed out and not yet reported, if any.
+        probe: Option<u64>,
     },
 }
 
@@ -33,8 +33,8 @@ pub enum BreakerState {
 pub enum BreakerAdmission {
     /// Go ahead.
     Allowed,
-    /// Go ahead as the one probe; report its result (or release it) without fail.
-    Probe,
+    /// Go ahead as the one probe; report its result (or release it by this number) without fail.
+    Probe(u64),
     /// Refused until the instant (or until the probe in flight reports).
     Refused {
         /// When the lane may be tried again, if known.
@@ -49,6 +49,7 @@ pub struct Breaker {
     state: BreakerState,
     consecutive_failures: u32,
     trips_in_a_row: u32,
+    probes_issued: u64,
 }
 
 impl Breaker {
@@ -59,15 +60,14 @@ impl Breaker {
             state: BreakerState::Closed,
             consecutive_failures: 0,
             trips_in_a_row: 0,
+            probes_issued: 0,
         }
     }
 
     /// The state at `now`, with an expired cooldown read as half-open.
     pub fn state(&self, now: Instant) -> BreakerState {
         match self.state {
-            BreakerState::Open { until } if now >= until => {
-                BreakerState::HalfOpen { probing: false }
-            }
+            BreakerState::Open { until } if now >= until => BreakerState::HalfOpen { probe: None },
             state => state,
         }
     }
@@ -78,10 +78,13 @@ impl Breaker {
         match self.state {
             BreakerState::Closed => BreakerAdmission::Allowed,
             BreakerState::Open { until } => BreakerAdmission::Refused { until: Some(until) },
-            BreakerState::HalfOpen { probing: true } => BreakerAdmission::Refused { until: None },
-            BreakerState::HalfOpen { probing: false } => {
-                self.state = BreakerState::HalfOpen { probing: true };
-                BreakerAdmission::Probe
+            BreakerState::HalfOpen { probe: Some(_) } => BreakerAdmission::Refused { until: None },
+            BreakerState::HalfOpen { probe: None } => {
+                self.probes_issued += 1;
+                self.state = BreakerState::HalfOpen {
+                    probe: Some(self.probes_issued),
+                };
+                BreakerAdmission::Probe(self.probes_issued)
             }
         }
     }
@@ -90,7 +93,7 @@ impl Breaker {
     pub fn would_admit(&self, now: Instant) -> bool {
         matches!(
             self.state(now),
-            BreakerState::Closed | BreakerState::HalfOpen { probing: false }
+            BreakerState::Closed | BreakerState::HalfOpen { probe: None }
         )
     }
 
@@ -118,11 +121,12 @@ impl Breaker {
         None
     }
 
-    /// The probe never reached the lane (its queue wait timed out, the job was dropped): hand
-    /// the probe to the next caller instead of leaving the breaker stuck half-open.
-    pub fn release_probe(&mut self) {
-        if self.state == (BreakerState::HalfOpen { probing: true }) {
-            self.state = BreakerState::HalfOpen { probing: false };
+    /// Probe `probe` never reported (its queue wait timed out, the job was dropped): hand the
+    /// probe to the next caller instead of leaving the breaker stuck half-open. A probe that is
+    /// no longer the current one (the breaker moved on since) releases nothing.
+    pub fn release_probe(&mut self, probe: u64) {
+        if self.state == (BreakerState::HalfOpen { probe: Some(probe) }) {
+            self.state = BreakerState::HalfOpen { probe: None };
         }
     }
 
@@ -164,7 +168,7 @@ mod tests {
             BreakerAdmission::Refused { .. }
         ));
         let later = start + Duration::from_secs(34);
-        assert_eq!(breaker.admit(later), BreakerAdmission::Probe);
+        assert_eq!(breaker.admit(later), BreakerAdmission::Probe(1));
         assert_eq!(
             breaker.admit(later),
             BreakerAdmission::Refused { until: None }
@@ -190,11 +194,11 @@ mod tests {
         breaker.record_failure(now);
         let first = breaker.record_failure(now).unwrap();
         now += first;
-        assert_eq!(breaker.admit(now), BreakerAdmission::Probe);
+        assert!(matches!(breaker.admit(now), BreakerAdmission::Probe(_)));
         let second = breaker.record_failure(now).expect("a failed probe reopens");
         assert!(second >= Duration::from_secs(54), "{second:?}");
         now += second;
-        assert_eq!(breaker.admit(now), BreakerAdmission::Probe);
+        assert!(matches!(breaker.admit(now), BreakerAdmission::Probe(_)));
         let third = breaker.record_failure(now).unwrap();
         assert!(
             third <= Duration::from_secs(100) && third >= Duration::from_secs(90),
@@ -209,8 +213,27 @@ mod tests {
         breaker.record_failure(now);
         let cooldown = breaker.record_failure(now).unwrap();
         let later = now + cooldown;
-        assert_eq!(breaker.admit(later), BreakerAdmission::Probe);
-        breaker.release_probe();
-        assert_eq!(breaker.admit(later), BreakerAdmission::Probe);
+        assert_eq!(breaker.admit(later), BreakerAdmission::Probe(1));
+        breaker.release_probe(1);
+        assert_eq!(breaker.admit(later), BreakerAdmission::Probe(2));
+    }
+
+    #[test]
+    fn a_stale_probe_cannot_release_the_current_one() {
+        let now = Instant::now();
+        let mut breaker = Breaker::new(policy());
+        breaker.record_failure(now);
+        let cooldown = breaker.record_failure(now).unwrap();
+        let later = now + cooldown;
+        assert_eq!(breaker.admit(later), BreakerAdmission::Probe(1));
+        // Probe 1 is still out when an older request fails and the breaker trips again.
+        let again = breaker.record_failure(later).unwrap();
+        let much_later = later + again;
+        assert_eq!(breaker.admit(much_later), BreakerAdmission::Probe(2));
+        breaker.release_probe(1);
+        assert_eq!(
+            breaker.admit(much_later),
+            BreakerAdmission::Refused { until: None }
+        );
     }
 }

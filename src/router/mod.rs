@@ -113,7 +113,7 @@ struct Health {
 
 /// What admission decided for one attempt.
 enum Gate {
-    Pass { probe: bool },
+    Pass { probe: Option<u64> },
     Refuse(Outcome, String, Option<DateTime<Utc>>),
 }
 
@@ -244,51 +244,53 @@ impl Router {
         order: &[usize],
         pinned: Option<&str>,
     ) -> Routed {
-        let started = Instant::now();
-        let job_id = uuid::Uuid::new_v4().simple().to_string();
-        let mut attempts = Vec::with_capacity(order.len());
-        let mut completion = None;
+        let mut record = JobRecord {
+            router: self,
+            request,
+            pinned,
+            job_id: uuid::Uuid::new_v4().simple().to_string(),
+            started: Instant::now(),
+            attempts: Vec::with_capacity(order.len()),
+            in_flight: None,
+            completion: None,
+            written: false,
+        };
         for (position, &index) in order.iter().enumerate() {
             let later = &order[position + 1..];
+            record.in_flight = Some((index, Instant::now()));
             let (attempt, answer) = self.attempt(index, request, deadline, later).await;
-            attempts.push(attempt);
+            record.in_flight = None;
+            record.attempts.push(attempt);
             if answer.is_some() {
-                completion = answer;
+                record.completion = answer;
                 break;
             }
         }
-        let routed = Routed {
-            job_id,
-            completion,
-            attempts,
-            elapsed: started.elapsed(),
-        };
-        self.write_audit(&routed, request, pinned);
-        routed
+        record.finish()
     }
 
-    fn write_audit(&self, routed: &Routed, request: &ChatRequest, pinned: Option<&str>) {
+    fn write_audit(&self, record: &JobRecord<'_>) {
         let Some(audit) = &self.audit else { return };
-        let (sha, bytes) = request.fingerprint();
+        let (sha, bytes) = record.request.fingerprint();
         let bodies = audit.include_bodies();
         let entry = AuditEntry {
             ts: Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-            job_id: &routed.job_id,
+            job_id: &record.job_id,
             prompt_sha256: &sha,
             prompt_bytes: bytes,
-            pinned_lane: pinned,
-            attempts: &routed.attempts,
-            served_by: routed.completion.as_ref().map(|c| c.lane.as_str()),
-            elapsed_ms: millis(routed.elapsed),
-            request: bodies.then_some(request),
-            answer: routed
+            pinned_lane: record.pinned,
+            attempts: &record.attempts,
+            served_by: record.completion.as_ref().map(|c| c.lane.as_str()),
+            elapsed_ms: millis(record.started.elapsed()),
+            request: bodies.then_some(record.request),
+            answer: record
                 .completion
                 .as_ref()
                 .filter(|_| bodies)
                 .map(|c| c.text.as_str()),
         };
         if let Err(err) = audit.record(&entry) {
-            tracing::warn!("cannot write audit line for job {}: {err}", routed.job_id);
+            tracing::warn!("cannot write audit line for job {}: {err}", record.job_id);
         }
     }
 
@@ -301,37 +303,37 @@ impl Router {
         later: &[usize],
     ) -> (Attempt, Option<Completion>) {
         let slot = &self.lanes[index];
-        let refused =
-            |outcome: Outcome, detail: String, until: Option<DateTime<Utc>>, queue: Duration| {
-                self.metrics
-                    .record(&slot.name, outcome, queue, Duration::ZERO);
-                let attempt = Attempt {
-                    lane: slot.name.clone(),
-                    outcome,
-                    queue_ms: millis(queue),
-                    call_ms: 0,
-                    detail: Some(detail),
-                    until,
-                };
-                (attempt, None)
+        let refused = |outcome: Outcome,
+                       detail: String,
+                       until: Option<DateTime<Utc>>,
+                       queue: Option<Duration>| {
+            self.metrics
+                .record(&slot.name, outcome, queue, Duration::ZERO);
+            let attempt = Attempt {
+                lane: slot.name.clone(),
+                outcome,
+                queue_ms: queue.map_or(0, millis),
+                call_ms: 0,
+                detail: Some(detail),
+                until,
             };
+            (attempt, None)
+        };
 
         // Admission, cheapest first, before anything waits or touches the network.
         if let Some(reason) = &slot.switched_off {
-            return refused(Outcome::Disabled, reason.clone(), None, Duration::ZERO);
+            return refused(Outcome::Disabled, reason.clone(), None, None);
         }
         let probe = match slot.admit(Instant::now()) {
-            Gate::Refuse(outcome, detail, until) => {
-                return refused(outcome, detail, until, Duration::ZERO);
-            }
-            Gate::Pass { probe } => ProbeGuard { slot, armed: probe },
+            Gate::Refuse(outcome, detail, until) => return refused(outcome, detail, until, None),
+            Gate::Pass { probe } => ProbeGuard { slot, probe },
         };
         if deadline.is_below(self.floor) {
             return refused(
                 Outcome::BudgetExhausted,
-                budget_detail(deadline, self.floor),
+                budget_detail("the job has", deadline, self.floor),
                 None,
-                Duration::ZERO,
+                None,
             );
         }
         let now = Instant::now();
@@ -340,18 +342,25 @@ impl Router {
         } else {
             deadline
         };
+        if lane_deadline.is_below(self.floor) {
+            return refused(
+                Outcome::BudgetExhausted,
+                budget_detail("the lane's share has", lane_deadline, self.floor),
+                None,
+                None,
+            );
+        }
 
         // The queue: waiting for a permit spends the budget, so it is bounded and timed apart.
         let queued_at = Instant::now();
         let permit = match timeout_at(lane_deadline.instant(), slot.permits.acquire()).await {
             Ok(Ok(permit)) => permit,
             Ok(Err(_)) | Err(_) => {
-                let queued = queued_at.elapsed();
                 return refused(
                     Outcome::QueueTimeout,
                     format!("all {} permits busy until the deadline", slot.max_inflight),
                     None,
-                    queued,
+                    Some(queued_at.elapsed()),
                 );
             }
         };
@@ -359,9 +368,13 @@ impl Router {
         if lane_deadline.is_below(self.floor) {
             return refused(
                 Outcome::BudgetExhausted,
-                budget_detail(lane_deadline, self.floor),
+                budget_detail(
+                    "after queueing, the lane's share has",
+                    lane_deadline,
+                    self.floor,
+                ),
                 None,
-                queued,
+                Some(queued),
             );
         }
 
@@ -383,20 +396,10 @@ impl Router {
             queue_ms: millis(queued),
             call_ms: millis(called),
         };
-        match result {
+        let (outcome, detail, until, completion) = match result {
             Ok(answer) => {
                 probe.disarm();
                 slot.record_success();
-                self.metrics
-                    .record(&slot.name, Outcome::Served, queued, called);
-                let attempt = Attempt {
-                    lane: slot.name.clone(),
-                    outcome: Outcome::Served,
-                    queue_ms: timings.queue_ms,
-                    call_ms: timings.call_ms,
-                    detail: None,
-                    until: None,
-                };
                 let completion = Completion {
                     text: answer.text,
                     lane: slot.name.clone(),
@@ -406,27 +409,81 @@ impl Router {
                     usage: answer.usage,
                     timings,
                 };
-                (attempt, Some(completion))
+                (Outcome::Served, None, None, Some(completion))
             }
             Err(failure) => {
-                let counted = failure.counts_against_breaker();
-                if counted {
+                if failure.counts_against_breaker() {
+                    // The probe reported: its failure reopens the breaker.
                     probe.disarm();
                 }
                 let until = slot.record_failure(&failure);
-                self.metrics
-                    .record(&slot.name, failure.outcome(), queued, called);
-                let attempt = Attempt {
-                    lane: slot.name.clone(),
-                    outcome: failure.outcome(),
-                    queue_ms: timings.queue_ms,
-                    call_ms: timings.call_ms,
-                    detail: Some(failure.to_string()),
-                    until,
-                };
-                (attempt, None)
+                (failure.outcome(), Some(failure.to_string()), until, None)
             }
+        };
+        self.metrics
+            .record(&slot.name, outcome, Some(queued), called);
+        let attempt = Attempt {
+            lane: slot.name.clone(),
+            outcome,
+            queue_ms: timings.queue_ms,
+            call_ms: timings.call_ms,
+            detail,
+            until,
+        };
+        (attempt, completion)
+    }
+}
+
+/// A job's record while it runs. It writes the job's audit line exactly once: when the job
+/// finishes, or when it is dropped half-way (the caller gave up), so a prompt that left the
+/// network is always audited.
+struct JobRecord<'r> {
+    router: &'r Router,
+    request: &'r ChatRequest,
+    pinned: Option<&'r str>,
+    job_id: String,
+    started: Instant,
+    attempts: Vec<Attempt>,
+    /// The lane being tried and since when.
+    in_flight: Option<(usize, Instant)>,
+    completion: Option<Completion>,
+    written: bool,
+}
+
+impl JobRecord<'_> {
+    fn finish(mut self) -> Routed {
+        self.router.write_audit(&self);
+        self.written = true;
+        Routed {
+            job_id: std::mem::take(&mut self.job_id),
+            completion: self.completion.take(),
+            attempts: std::mem::take(&mut self.attempts),
+            elapsed: self.started.elapsed(),
         }
+    }
+}
+
+impl Drop for JobRecord<'_> {
+    fn drop(&mut self) {
+        if self.written {
+            return;
+        }
+        if let Some((index, since)) = self.in_flight.take() {
+            let lane = &self.router.lanes[index].name;
+            let spent = since.elapsed();
+            self.router
+                .metrics
+                .record(lane, Outcome::Timeout, None, spent);
+            self.attempts.push(Attempt {
+                lane: lane.clone(),
+                outcome: Outcome::Timeout,
+                queue_ms: 0,
+                call_ms: millis(spent),
+                detail: Some("cancelled by the caller before the lane answered".into()),
+                until: None,
+            });
+        }
+        self.router.write_audit(self);
     }
 }
 
@@ -448,14 +505,10 @@ impl LaneSlot {
         } else {
             None
         };
-        let misconfigured = match (&config.api_key_env, &switched_off) {
-            (Some(var), None) if env(var).is_none_or(|v| v.is_empty()) => {
-                let why = format!("api key env var {var} is not set");
-                tracing::warn!("lane {}: misconfigured: {why}{fallback}", config.name);
-                Some(why)
-            }
-            _ => None,
-        };
+        let misconfigured = lane.misconfiguration().filter(|_| switched_off.is_none());
+        if let Some(why) = &misconfigured {
+            tracing::warn!("lane {}: misconfigured: {why}{fallback}", config.name);
+        }
         if let Some(reason) = &switched_off {
             tracing::info!("lane {}: disabled ({reason}){fallback}", config.name);
         }
@@ -526,8 +579,8 @@ impl LaneSlot {
             health.exhausted_until = None;
         }
         match health.breaker.admit(now) {
-            BreakerAdmission::Allowed => Gate::Pass { probe: false },
-            BreakerAdmission::Probe => Gate::Pass { probe: true },
+            BreakerAdmission::Allowed => Gate::Pass { probe: None },
+            BreakerAdmission::Probe(probe) => Gate::Pass { probe: Some(probe) },
             BreakerAdmission::Refused { until } => {
                 let detail = match until {
                     Some(until) => format!(
@@ -562,7 +615,6 @@ impl LaneSlot {
                 let wait = reset.duration_since(wall_now).unwrap_or_default();
                 let wall: DateTime<Utc> = reset.into();
                 health.exhausted_until = Some((now + wait, wall));
-                health.breaker.release_probe();
                 tracing::warn!(
                     "lane {}: exhausted until {} ({message}); skipping it without requests until then",
                     self.name,
@@ -572,7 +624,6 @@ impl LaneSlot {
             }
             LaneFailure::Misconfigured(why) => {
                 health.misconfigured = Some(why.clone());
-                health.breaker.release_probe();
                 tracing::warn!(
                     "lane {}: misconfigured: {why}; fix its settings{}",
                     self.name,
@@ -590,7 +641,6 @@ impl LaneSlot {
             other => {
                 // A request error: the lane is alive, our request was wrong.
                 health.healthy = first;
-                health.breaker.release_probe();
                 tracing::debug!("lane {}: {other}", self.name);
             }
         }
@@ -602,19 +652,20 @@ impl LaneSlot {
 /// (including the job being dropped mid-call).
 struct ProbeGuard<'a> {
     slot: &'a LaneSlot,
-    armed: bool,
+    probe: Option<u64>,
 }
 
 impl ProbeGuard<'_> {
+    /// The probe reported its result to the breaker; nothing to release.
     fn disarm(mut self) {
-        self.armed = false;
+        self.probe = None;
     }
 }
 
 impl Drop for ProbeGuard<'_> {
     fn drop(&mut self) {
-        if self.armed {
-            lock(&self.slot.health).breaker.release_probe();
+        if let Some(probe) = self.probe {
+            lock(&self.slot.health).breaker.release_probe(probe);
         }
     }
 }
@@ -633,9 +684,9 @@ fn seconds(duration: Duration) -> String {
     format!("{:.1}s", duration.as_secs_f64())
 }
 
-fn budget_detail(deadline: Deadline, floor: Duration) -> String {
+fn budget_detail(who: &str, deadline: Deadline, floor: Duration) -> String {
     format!(
-        "{} ms left, below the {} ms floor",
+        "{who} {} ms left, below the {} ms floor",
         millis(deadline.remaining()),
         millis(floor)
     )

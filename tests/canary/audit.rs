@@ -100,3 +100,74 @@ async fn every_attempt_of_a_fallback_is_audited() {
     assert_eq!(outcomes, ["error", "served"]);
     assert_eq!(entry["served_by"], "second");
 }
+
+#[tokio::test]
+async fn a_key_a_server_echoes_back_is_scrubbed_everywhere() {
+    // Some servers quote the Authorization header in their 401 message.
+    let lane = TestServer::start(|_, seen| {
+        let auth = seen
+            .headers
+            .get("authorization")
+            .cloned()
+            .unwrap_or_default();
+        Reply::json(
+            401,
+            &serde_json::json!({"error": {"message": format!("invalid token: {auth}")}})
+                .to_string(),
+        )
+    })
+    .await;
+    let project = Project::new(
+        &[],
+        &[LaneSpec::new("paid", lane.base_url()).with("api_key_env: TEST_ECHO_KEY")],
+    );
+    let router = project.router(&[("TEST_ECHO_KEY", SECRET)]);
+    let request = ChatRequest::from_prompt(None, "hello", Params::default());
+
+    let routed = router
+        .route(&request, Deadline::after(Duration::from_secs(3)))
+        .await;
+
+    let detail = routed.attempts[0].detail.clone().unwrap();
+    assert!(
+        detail.contains("invalid token: Bearer [redacted]"),
+        "{detail}"
+    );
+    assert!(
+        !project.audit_text().contains(SECRET),
+        "{}",
+        project.audit_text()
+    );
+}
+
+#[tokio::test]
+async fn a_job_its_caller_abandons_mid_call_is_still_audited() {
+    let lane = TestServer::always(Reply::Hang).await;
+    let project = Project::new(&[], &[LaneSpec::new("hung", lane.base_url())]);
+    let router = project.router(&[]);
+    let request = ChatRequest::from_prompt(None, "hello", Params::default());
+
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(200),
+        router.route(&request, Deadline::after(Duration::from_secs(10))),
+    )
+    .await;
+
+    assert!(gave_up.is_err());
+    assert_eq!(lane.requests(), 1, "the prompt left the network");
+    let audit = project.audit_text();
+    let entry: serde_json::Value =
+        serde_json::from_str(audit.lines().next().expect("one audit line")).unwrap();
+    assert_eq!(entry["attempts"][0]["outcome"], "timeout");
+    assert!(
+        entry["attempts"][0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("cancelled")
+    );
+    assert!(
+        router
+            .render_prometheus()
+            .contains("canary_lane_attempts_total{lane=\"hung\",outcome=\"timeout\"} 1")
+    );
+}

@@ -1,5 +1,6 @@
 //! 429 / quota is a state with a reset time, not an exception: no retry storm at a closed door.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use canary::completion::{ChatRequest, Params};
@@ -59,30 +60,36 @@ async fn a_429_with_retry_after_closes_the_lane_until_its_reset() {
 
 #[tokio::test]
 async fn openrouter_429_inside_a_200_uses_the_epoch_ms_reset() {
-    let reset_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-        + 800;
-    let body = format!(
-        r#"{{"error":{{"message":"Rate limit exceeded: free-models-per-day","code":429,
-            "metadata":{{"headers":{{"X-RateLimit-Limit":"50","X-RateLimit-Remaining":"0",
-            "X-RateLimit-Reset":"{reset_ms}"}}}}}}}}"#
-    );
-    let lane = TestServer::start(move |n, _| {
-        if n == 0 {
+    // The reset is stamped when the server answers, 800 ms ahead, as OpenRouter does.
+    let stamped = Arc::new(Mutex::new(0u128));
+    let lane = {
+        let stamped = stamped.clone();
+        TestServer::start(move |n, _| {
+            if n > 0 {
+                return Reply::completion("ok", "m");
+            }
+            let now_ms = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_millis();
+            let reset_ms = now_ms + 800;
+            *stamped.lock().unwrap() = reset_ms;
+            let body = format!(
+                r#"{{"error":{{"message":"Rate limit exceeded: free-models-per-day","code":429,
+                    "metadata":{{"headers":{{"X-RateLimit-Limit":"50","X-RateLimit-Remaining":"0",
+                    "X-RateLimit-Reset":"{reset_ms}"}}}}}}}}"#
+            );
             Reply::json(200, &body)
-        } else {
-            Reply::completion("ok", "m")
-        }
-    })
-    .await;
+        })
+        .await
+    };
     let project = Project::new(&[], &[LaneSpec::new("openrouter", lane.base_url())]);
     let router = project.router(&[]);
 
     let first = router.route(&request(), deadline()).await;
     assert_eq!(first.attempts[0].outcome, Outcome::Exhausted);
     let until = first.attempts[0].until.unwrap().timestamp_millis() as u128;
+    let reset_ms = *stamped.lock().unwrap();
     assert!(
         until.abs_diff(reset_ms) <= 1,
         "until {until} vs reset {reset_ms}"

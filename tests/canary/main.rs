@@ -4,6 +4,7 @@
 mod support;
 
 mod audit;
+mod canary_run;
 mod cli;
 mod deadlines;
 mod exhaustion;

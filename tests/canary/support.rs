@@ -7,7 +7,7 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -436,6 +436,54 @@ pub fn free_lane_off() -> bool {
     std::env::var("FREE_LANE").is_ok_and(|v| v.trim().eq_ignore_ascii_case("off"))
 }
 
-pub fn exists(path: &Path) -> bool {
-    path.exists()
+/// The last user message of a chat request the server saw.
+pub fn prompt_of(seen: &Seen) -> String {
+    let body: serde_json::Value = serde_json::from_str(&seen.body).unwrap_or_default();
+    body["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+impl Project {
+    /// Writes `prompts/<name>` with `yaml`.
+    pub fn write_prompts(&self, name: &str, yaml: &str) {
+        let dir = self.dir.path().join("prompts");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(name), yaml).unwrap();
+    }
+
+    /// Opens the project's store.
+    pub fn store(&self) -> canary::store::Store {
+        canary::store::Store::open(&self.config.store).expect("store opens")
+    }
+}
+
+/// Runs the `canary` binary on a project, with a hermetic kill-switch environment plus `env`.
+pub async fn canary_with_env(
+    project: &Project,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_canary"));
+    command
+        .arg("-c")
+        .arg(project.path())
+        .args(args)
+        .env_remove("FREE_LANE")
+        .env_remove("CANARY_CONFIG")
+        .env("NO_COLOR", "1");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    tokio::task::spawn_blocking(move || command.output().expect("run canary"))
+        .await
+        .unwrap()
+}
+
+/// Text of a byte buffer.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).to_string()
 }

@@ -1,0 +1,122 @@
+//! Turning a run's answers into baselines.
+
+use std::path::{Path, PathBuf};
+
+use crate::judge::sample_of;
+use crate::prompts::PromptSet;
+use crate::snapshot::{Snapshot, SnapshotError, SnapshotHeader};
+use crate::store::{Store, StoreError, StoredResult};
+use crate::verdict::noise_band;
+
+/// Accepting failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AcceptError {
+    /// The store could not be read.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A snapshot could not be written.
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+}
+
+/// What accepting one (lane, prompt) did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Acceptance {
+    /// The baseline was written.
+    Written {
+        /// Lane.
+        lane: String,
+        /// Prompt id.
+        prompt_id: String,
+        /// The snapshot file.
+        path: PathBuf,
+        /// Samples behind it.
+        samples: usize,
+    },
+    /// Nothing was written, and why.
+    Refused {
+        /// Lane.
+        lane: String,
+        /// Prompt id.
+        prompt_id: String,
+        /// Why.
+        why: String,
+    },
+}
+
+/// Writes the baselines of `run_id` (optionally only some lanes and prompts). Never from a
+/// failed result, and never for a prompt that changed since the run.
+pub fn accept_run(
+    store: &Store,
+    set: &PromptSet,
+    snapshots: &Path,
+    run_id: i64,
+    lanes: &[String],
+    prompts: &[String],
+) -> Result<Vec<Acceptance>, AcceptError> {
+    let results = store.results(run_id)?;
+    let mut groups: Vec<(String, String, Vec<StoredResult>)> = Vec::new();
+    for result in results {
+        if (!lanes.is_empty() && !lanes.contains(&result.lane))
+            || (!prompts.is_empty() && !prompts.contains(&result.prompt_id))
+        {
+            continue;
+        }
+        match groups.last_mut() {
+            Some((lane, id, group)) if *lane == result.lane && *id == result.prompt_id => {
+                group.push(result)
+            }
+            _ => groups.push((result.lane.clone(), result.prompt_id.clone(), vec![result])),
+        }
+    }
+    let mut done = Vec::new();
+    for (lane, prompt_id, group) in groups {
+        let refuse = |why: String| Acceptance::Refused {
+            lane: lane.clone(),
+            prompt_id: prompt_id.clone(),
+            why,
+        };
+        let Some(prompt) = set.get(&prompt_id) else {
+            done.push(refuse("the prompt is no longer in the prompt set".into()));
+            continue;
+        };
+        let served: Vec<&StoredResult> = group.iter().filter(|r| r.output.is_some()).collect();
+        let Some(first) = served.first() else {
+            let why = sample_of(&group[0]).error.unwrap_or_default();
+            done.push(refuse(format!(
+                "no answer in run {run_id} ({why}); a failed result is never a baseline"
+            )));
+            continue;
+        };
+        if first.prompt_hash != prompt.hash {
+            done.push(refuse(format!(
+                "the prompt changed since run {run_id}; run it again and accept that run"
+            )));
+            continue;
+        }
+        let texts: Vec<&str> = served.iter().filter_map(|r| r.output.as_deref()).collect();
+        let snapshot = Snapshot {
+            header: SnapshotHeader {
+                prompt_id: prompt_id.clone(),
+                prompt_hash: prompt.hash.clone(),
+                lane: lane.clone(),
+                model: first.model.clone(),
+                fingerprint: first.fingerprint.clone(),
+                params: prompt.request.params.clone(),
+                accepted_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                accepted_from_run: run_id,
+                samples: texts.len() as u32,
+                noise: noise_band(prompt, &texts),
+            },
+            body: texts[0].to_string(),
+        };
+        let path = snapshot.write(snapshots)?;
+        done.push(Acceptance::Written {
+            lane,
+            prompt_id,
+            path,
+            samples: texts.len(),
+        });
+    }
+    Ok(done)
+}

@@ -1,0 +1,110 @@
+//! `canary accept`: a run's answers become the baselines.
+
+use anyhow::Context;
+
+use super::{load_config, process_env};
+use crate::accept::{Acceptance, accept_run};
+use crate::cli::{AcceptArgs, Cli, Format};
+use crate::prompts::PromptSet;
+use crate::router::Router;
+use crate::run::{execute, plan};
+use crate::store::Store;
+use crate::store::lock::RunLock;
+
+/// Runs `canary accept`.
+pub async fn run(cli: &Cli, args: &AcceptArgs) -> anyhow::Result<i32> {
+    let config = load_config(&cli.config)?;
+    let set = PromptSet::load(&config.prompts).context("invalid prompt set")?;
+    let run_id = match args.samples {
+        None => {
+            let store = Store::open(&config.store)?;
+            store.run(args.run)?.id
+        }
+        Some(samples) => calibration_run(&config, &set, args, samples).await?,
+    };
+    let store = Store::open(&config.store)?;
+    let done = accept_run(
+        &store,
+        &set,
+        &config.snapshots,
+        run_id,
+        &args.lanes,
+        &args.prompts,
+    )?;
+    let written = done
+        .iter()
+        .filter(|a| matches!(a, Acceptance::Written { .. }))
+        .count();
+    match cli.format {
+        Format::Json => {
+            let items: Vec<serde_json::Value> = done
+                .iter()
+                .map(|a| match a {
+                    Acceptance::Written {
+                        lane,
+                        prompt_id,
+                        path,
+                        samples,
+                    } => serde_json::json!({
+                        "lane": lane, "id": prompt_id, "accepted": true,
+                        "snapshot": path.display().to_string(), "samples": samples}),
+                    Acceptance::Refused {
+                        lane,
+                        prompt_id,
+                        why,
+                    } => serde_json::json!({
+                        "lane": lane, "id": prompt_id, "accepted": false, "why": why}),
+                })
+                .collect();
+            println!(
+                "{}",
+                serde_json::to_string_pretty(
+                    &serde_json::json!({"run_id": run_id, "accepted": written, "items": items})
+                )?
+            );
+        }
+        Format::Text => {
+            for acceptance in &done {
+                match acceptance {
+                    Acceptance::Written { path, samples, .. } => {
+                        println!(
+                            "accepted  {} ({samples} sample{})",
+                            path.display(),
+                            if *samples == 1 { "" } else { "s" }
+                        );
+                    }
+                    Acceptance::Refused {
+                        lane,
+                        prompt_id,
+                        why,
+                    } => println!("refused   {lane}/{prompt_id}: {why}"),
+                }
+            }
+            println!("{written} baselines written from run {run_id}");
+        }
+    }
+    if done.is_empty() {
+        anyhow::bail!("run {run_id} has no results matching the given --lane/--prompt");
+    }
+    Ok(0)
+}
+
+/// `accept --samples N`: a fresh run of N samples per prompt, to accept with its noise band.
+async fn calibration_run(
+    config: &crate::config::Config,
+    set: &PromptSet,
+    args: &AcceptArgs,
+    samples: u32,
+) -> anyhow::Result<i64> {
+    let _lock = RunLock::acquire(&config.store)?;
+    let mut store = Store::open(&config.store)?;
+    store.mark_interrupted()?;
+    let router = Router::new(config, &process_env)?;
+    let plan = plan(config, &router, set, &args.lanes, &args.prompts, samples)?;
+    let lanes: Vec<String> = plan.lanes.iter().map(|(l, _)| l.clone()).collect();
+    let run_id = store.begin_run(&set.hash, plan.samples, &lanes)?;
+    tracing::info!("run {run_id}: calibrating with {samples} samples per prompt");
+    execute(&plan, run_id, config, &router, &mut store).await?;
+    store.finish_run(run_id, &[], &[], 0)?;
+    Ok(run_id)
+}

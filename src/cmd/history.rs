@@ -1,0 +1,132 @@
+//! `canary history`: runs over time.
+
+use serde_json::json;
+
+use super::{load_config, verdicts};
+use crate::cli::{Cli, Format, HistoryArgs};
+use crate::store::Store;
+use crate::verdict::Verdict;
+
+/// Runs `canary history`.
+pub fn run(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<i32> {
+    let config = load_config(&cli.config)?;
+    let store = Store::open(&config.store)?;
+    if let Some(lane) = &args.lane
+        && config.lane(lane).is_none()
+    {
+        anyhow::bail!("no lane named `{lane}` in the config");
+    }
+    let runs = store.runs(args.limit)?;
+    let mut rows = Vec::new();
+    for run in &runs {
+        let verdict_rows = store.verdicts(run.id)?;
+        let results = store.results(run.id)?;
+        let latency = verdicts::latency(&results);
+        let lane_verdicts = store.lane_verdicts(run.id)?;
+        for lane in &run.lanes {
+            if args.lane.as_ref().is_some_and(|l| l != lane) {
+                continue;
+            }
+            let items: Vec<_> = verdict_rows
+                .iter()
+                .filter(|v| &v.lane == lane)
+                .filter(|v| args.prompt.as_ref().is_none_or(|p| p == &v.prompt_id))
+                .collect();
+            let lane_results: Vec<_> = results
+                .iter()
+                .filter(|r| {
+                    &r.lane == lane && args.prompt.as_ref().is_none_or(|p| p == &r.prompt_id)
+                })
+                .collect();
+            if args.prompt.is_some() && lane_results.is_empty() {
+                continue;
+            }
+            let similarities: Vec<f64> = items.iter().filter_map(|v| v.similarity).collect();
+            let mean_similarity = (!similarities.is_empty())
+                .then(|| similarities.iter().sum::<f64>() / similarities.len() as f64);
+            let verdict = if args.prompt.is_some() {
+                items.first().map(|v| v.verdict.clone())
+            } else {
+                lane_verdicts
+                    .iter()
+                    .find(|(l, _)| l == lane)
+                    .map(|(_, v)| v.clone())
+            };
+            let counts: serde_json::Map<String, serde_json::Value> = Verdict::ALL
+                .iter()
+                .map(|v| {
+                    (
+                        v.as_str().to_string(),
+                        json!(items.iter().filter(|i| i.verdict == v.as_str()).count()),
+                    )
+                })
+                .collect();
+            let call_ms = if args.prompt.is_some() {
+                lane_results.first().map(|r| r.call_ms)
+            } else {
+                latency.get(lane).map(|(p50, _)| *p50)
+            };
+            rows.push(json!({
+                "run_id": run.id,
+                "started_at": run.started_at,
+                "status": run.status,
+                "exit_code": run.exit_code,
+                "lane": lane,
+                "verdict": verdict,
+                "counts": counts,
+                "similarity": mean_similarity.map(|s| (s * 1000.0).round() / 1000.0),
+                "latency_p50_ms": call_ms,
+                "outcome": if args.prompt.is_some() { lane_results.first().map(|r| r.outcome.clone()) } else { None },
+            }));
+        }
+    }
+    match cli.format {
+        Format::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({ "runs": rows }))?
+        ),
+        Format::Text => {
+            if rows.is_empty() {
+                println!("no runs yet in {}", config.store.display());
+                return Ok(0);
+            }
+            println!(
+                "{:>5}  {:20}  {:11}  {:10}  {:12}  {:>7}  {:>5}  {:>6}  {:>10}  {:>7}",
+                "run",
+                "started",
+                "status",
+                "lane",
+                "verdict",
+                "drifted",
+                "new",
+                "failed",
+                "similarity",
+                "p50 ms"
+            );
+            for row in &rows {
+                let text = |v: &serde_json::Value| v.as_str().unwrap_or("-").to_string();
+                let number =
+                    |v: &serde_json::Value| v.as_i64().map_or("-".into(), |n| n.to_string());
+                println!(
+                    "{:>5}  {:20}  {:11}  {:10}  {:12}  {:>7}  {:>5}  {:>6}  {:>10}  {:>7}",
+                    row["run_id"],
+                    text(&row["started_at"])
+                        .chars()
+                        .take(19)
+                        .collect::<String>(),
+                    text(&row["status"]),
+                    text(&row["lane"]),
+                    text(&row["verdict"]),
+                    number(&row["counts"]["drifted"]),
+                    number(&row["counts"]["new"]),
+                    number(&row["counts"]["failed"]),
+                    row["similarity"]
+                        .as_f64()
+                        .map_or("-".into(), |s| format!("{s:.3}")),
+                    number(&row["latency_p50_ms"]),
+                );
+            }
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,246 @@
+//! `canary run`: the nightly job.
+
+use anyhow::Context;
+
+use super::{color_enabled, load_config, process_env, verdicts};
+use crate::cli::{Cli, Format, RunArgs};
+use crate::judge::{Against, Judge};
+use crate::prompts::PromptSet;
+use crate::router::Router;
+use crate::run::{execute, plan};
+use crate::store::Store;
+use crate::store::lock::RunLock;
+
+/// Exit code after Ctrl-C / SIGTERM, as shells expect.
+const EXIT_INTERRUPTED: i32 = 130;
+
+/// Runs `canary run`.
+pub async fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<i32> {
+    let config = load_config(&cli.config)?;
+    let set = PromptSet::load(&config.prompts).context("invalid prompt set")?;
+    let mut lock = RunLock::acquire(&config.store)?;
+    let mut store = Store::open(&config.store)?;
+    for id in store.mark_interrupted()? {
+        tracing::warn!("run {id} was interrupted before it finished; its stored results are kept");
+    }
+    let router = Router::new(&config, &process_env)?;
+    let plan = plan(
+        &config,
+        &router,
+        &set,
+        &args.lanes,
+        &args.prompts,
+        args.samples,
+    )?;
+    for (lane, why) in &plan.skipped {
+        tracing::info!("lane {lane}: switched off ({why}); not measured in this run");
+    }
+    let lane_names: Vec<String> = plan.lanes.iter().map(|(l, _)| l.clone()).collect();
+    let run_id = store.begin_run(&set.hash, plan.samples, &lane_names)?;
+    lock.describe(&format!(
+        "run {run_id} (pid {}, started {})",
+        std::process::id(),
+        chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    ))?;
+    tracing::info!(
+        "run {run_id}: {} prompts × {} lanes × {} samples",
+        plan.prompts.len(),
+        plan.lanes.len(),
+        plan.samples
+    );
+
+    let stored = tokio::select! {
+        stored = execute(&plan, run_id, &config, &router, &mut store) => stored?,
+        // Results are committed one by one, so stopping here loses nothing that finished.
+        () = shutdown_signal() => {
+            let kept = store.results(run_id).map(|r| r.len()).unwrap_or(0);
+            store.mark_interrupted()?;
+            eprintln!("interrupted: run {run_id} stopped; {kept} finished results are kept in {}", config.store.display());
+            return Ok(EXIT_INTERRUPTED);
+        }
+    };
+    let judgement = Judge::new(&config, &store, &set).run(run_id, Against::Baselines)?;
+    let exit_code = judgement.exit_code();
+    let items: Vec<_> = judgement
+        .lanes
+        .iter()
+        .flat_map(|lane| {
+            lane.items.iter().map(|i| crate::store::VerdictRow {
+                lane: lane.lane.clone(),
+                prompt_id: i.judgement.id.clone(),
+                verdict: i.judgement.verdict.as_str().to_string(),
+                similarity: i.judgement.similarity,
+                review: i.judgement.review,
+                reasons: i.judgement.reasons.clone(),
+            })
+        })
+        .collect();
+    let lanes: Vec<_> = judgement
+        .lanes
+        .iter()
+        .map(|l| {
+            (
+                l.lane.clone(),
+                l.verdict.as_str().to_string(),
+                l.reasons.clone(),
+            )
+        })
+        .collect();
+    store.finish_run(run_id, &items, &lanes, exit_code)?;
+
+    let results = store.results(run_id)?;
+    let latency = verdicts::latency(&results);
+    if let Some(path) = &config.metrics_file
+        && let Err(err) =
+            crate::metrics::write_file(path, &metrics_text(&router, &judgement, run_id))
+    {
+        tracing::warn!("cannot write metrics file {}: {err}", path.display());
+    }
+    match cli.format {
+        Format::Json => {
+            let mut json = verdicts::to_json(&judgement, &latency);
+            json["results"] = serde_json::json!(stored);
+            json["skipped_lanes"] = serde_json::json!(
+                plan.skipped
+                    .iter()
+                    .map(|(lane, why)| serde_json::json!({"lane": lane, "why": why}))
+                    .collect::<Vec<_>>()
+            );
+            println!("{}", serde_json::to_string_pretty(&json)?);
+        }
+        Format::Text => {
+            let color = color_enabled(cli.color);
+            println!(
+                "run {run_id}: {stored} results in {}",
+                config.store.display()
+            );
+            print!("{}", verdicts::table(&judgement, &latency));
+            let drifted: Vec<String> = judgement
+                .lanes
+                .iter()
+                .flat_map(|lane| {
+                    lane.items
+                        .iter()
+                        .filter(|i| i.judgement.verdict == crate::verdict::Verdict::Drifted)
+                        .map(move |i| {
+                            format!(
+                                "{}/{}: {}",
+                                lane.lane,
+                                i.judgement.id,
+                                i.judgement.reasons.join("; ")
+                            )
+                        })
+                })
+                .collect();
+            if !drifted.is_empty() {
+                println!("\ndrifted:");
+                for line in &drifted {
+                    println!("  {line}");
+                }
+            }
+            let status = match exit_code {
+                0 => "no drift",
+                1 => "DRIFT",
+                _ => "no drift seen, but some lane or prompt could not be measured",
+            };
+            let style = console::Style::new().bold().force_styling(color);
+            println!("\n{} (exit {exit_code})", style.apply_to(status));
+            if exit_code != 0
+                || judgement.lanes.iter().any(|l| {
+                    l.items
+                        .iter()
+                        .any(|i| i.judgement.verdict == crate::verdict::Verdict::New)
+                })
+            {
+                println!(
+                    "review with: canary diff --run {run_id}   accept with: canary accept --run {run_id}"
+                );
+            }
+        }
+    }
+    if args.no_alert {
+        tracing::debug!("--no-alert: no alerts for run {run_id}");
+    }
+    Ok(exit_code)
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+fn metrics_text(router: &Router, judgement: &crate::judge::RunJudgement, run_id: i64) -> String {
+    use std::fmt::Write as _;
+    let mut out = router.render_prometheus();
+    let _ = writeln!(
+        out,
+        "# HELP canary_last_run_timestamp_seconds When the last run finished."
+    );
+    let _ = writeln!(out, "# TYPE canary_last_run_timestamp_seconds gauge");
+    let _ = writeln!(
+        out,
+        "canary_last_run_timestamp_seconds {}",
+        chrono::Utc::now().timestamp()
+    );
+    let _ = writeln!(out, "# HELP canary_last_run_id Id of the last run.");
+    let _ = writeln!(out, "# TYPE canary_last_run_id gauge");
+    let _ = writeln!(out, "canary_last_run_id {run_id}");
+    let _ = writeln!(
+        out,
+        "# HELP canary_last_run_exit_code Exit code of the last run (0 ok, 1 drift, 3 unmeasured)."
+    );
+    let _ = writeln!(out, "# TYPE canary_last_run_exit_code gauge");
+    let _ = writeln!(out, "canary_last_run_exit_code {}", judgement.exit_code());
+    let _ = writeln!(
+        out,
+        "# HELP canary_prompts Prompts of the last run by lane and verdict."
+    );
+    let _ = writeln!(out, "# TYPE canary_prompts gauge");
+    for lane in &judgement.lanes {
+        for verdict in crate::verdict::Verdict::ALL {
+            let n = lane
+                .items
+                .iter()
+                .filter(|i| i.judgement.verdict == verdict)
+                .count();
+            let _ = writeln!(
+                out,
+                "canary_prompts{{lane=\"{}\",verdict=\"{verdict}\"}} {n}",
+                lane.lane
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP canary_lane_drifted Whether the lane's verdict in the last run was drifted."
+    );
+    let _ = writeln!(out, "# TYPE canary_lane_drifted gauge");
+    for lane in &judgement.lanes {
+        let drifted = u8::from(lane.verdict == crate::verdict::Verdict::Drifted);
+        let _ = writeln!(
+            out,
+            "canary_lane_drifted{{lane=\"{}\"}} {drifted}",
+            lane.lane
+        );
+    }
+    out
+}

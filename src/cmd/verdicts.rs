@@ -1,0 +1,179 @@
+//! How `run` and `diff` show a judged run: a verdict table, per-item reasons and diffs, and the
+//! contract's JSON object.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use crate::diff::render_text;
+use crate::judge::{Against, JudgedItem, RunJudgement};
+use crate::store::StoredResult;
+use crate::verdict::Verdict;
+
+/// Served call latency per lane: (p50, p95) in ms, nearest rank.
+pub fn latency(results: &[StoredResult]) -> BTreeMap<String, (i64, i64)> {
+    let mut per_lane: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for result in results.iter().filter(|r| r.output.is_some()) {
+        per_lane
+            .entry(result.lane.clone())
+            .or_default()
+            .push(result.call_ms);
+    }
+    per_lane
+        .into_iter()
+        .map(|(lane, mut ms)| {
+            ms.sort_unstable();
+            let rank = |q: f64| ms[((q * ms.len() as f64).ceil() as usize).clamp(1, ms.len()) - 1];
+            (lane, (rank(0.5), rank(0.95)))
+        })
+        .collect()
+}
+
+/// The contract's object for `run --format json` and `diff --format json`.
+pub fn to_json(judgement: &RunJudgement, latency: &BTreeMap<String, (i64, i64)>) -> Value {
+    let lanes: Vec<Value> = judgement
+        .lanes
+        .iter()
+        .map(|lane| {
+            let counts: serde_json::Map<String, Value> = Verdict::ALL
+                .iter()
+                .map(|v| {
+                    let n = lane
+                        .items
+                        .iter()
+                        .filter(|i| i.judgement.verdict == *v)
+                        .count();
+                    (v.as_str().to_string(), json!(n))
+                })
+                .collect();
+            let mut value = json!({
+                "lane": lane.lane,
+                "verdict": lane.verdict,
+                "reasons": lane.reasons,
+                "counts": counts,
+                "prompts": lane.items.iter().map(|i| &i.judgement).collect::<Vec<_>>(),
+            });
+            if let Some((p50, p95)) = latency.get(&lane.lane) {
+                value["latency_ms"] = json!({"p50": p50, "p95": p95});
+            }
+            value
+        })
+        .collect();
+    json!({
+        "run_id": judgement.run_id,
+        "status": judgement.status(),
+        "exit_code": judgement.exit_code(),
+        "against": match judgement.against {
+            Against::Baselines => json!("baseline"),
+            Against::Run(id) => json!(id),
+        },
+        "lanes": lanes,
+    })
+}
+
+/// The verdict table: one row per lane, counts per verdict, and latency.
+pub fn table(judgement: &RunJudgement, latency: &BTreeMap<String, (i64, i64)>) -> String {
+    let width = judgement
+        .lanes
+        .iter()
+        .map(|l| l.lane.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let mut out = format!(
+        "{:width$}  {:12}  {:>9}  {:>12}  {:>7}  {:>3}  {:>5}  {:>6}  {:>7}  {:>7}\n",
+        "lane",
+        "verdict",
+        "unchanged",
+        "within_noise",
+        "drifted",
+        "new",
+        "stale",
+        "failed",
+        "p50 ms",
+        "p95 ms"
+    );
+    for lane in &judgement.lanes {
+        let count = |v: Verdict| {
+            lane.items
+                .iter()
+                .filter(|i| i.judgement.verdict == v)
+                .count()
+        };
+        let (p50, p95) = latency
+            .get(&lane.lane)
+            .map_or(("-".to_string(), "-".to_string()), |(a, b)| {
+                (a.to_string(), b.to_string())
+            });
+        out.push_str(&format!(
+            "{:width$}  {:12}  {:>9}  {:>12}  {:>7}  {:>3}  {:>5}  {:>6}  {:>7}  {:>7}\n",
+            lane.lane,
+            lane.verdict.as_str(),
+            count(Verdict::Unchanged),
+            count(Verdict::WithinNoise),
+            count(Verdict::Drifted),
+            count(Verdict::New),
+            count(Verdict::Stale),
+            count(Verdict::Failed),
+            p50,
+            p95
+        ));
+    }
+    for lane in &judgement.lanes {
+        for reason in &lane.reasons {
+            out.push_str(&format!("  {}: {reason}\n", lane.lane));
+        }
+    }
+    out
+}
+
+/// Whether an item gets a diff: drifted ones always, the others that differ with `--all`.
+pub fn shows_diff(item: &JudgedItem, all: bool) -> bool {
+    match item.judgement.verdict {
+        Verdict::Drifted => true,
+        Verdict::WithinNoise | Verdict::Stale => all,
+        _ => false,
+    }
+}
+
+/// One item: heading, reasons, and the diff of baseline vs the first differing output.
+pub fn item(lane: &str, item: &JudgedItem, run_id: i64, color: bool) -> String {
+    let judgement = &item.judgement;
+    let mut out = format!("{lane} / {}: {}", judgement.id, judgement.verdict);
+    if let Some(sim) = judgement.similarity {
+        out.push_str(&format!(" (similarity {sim:.2})"));
+    }
+    if judgement.review {
+        out.push_str(" [for review]");
+    }
+    out.push('\n');
+    for reason in &judgement.reasons {
+        out.push_str(&format!("  - {reason}\n"));
+    }
+    let Some(baseline) = &item.baseline else {
+        return out;
+    };
+    let differing = item
+        .samples
+        .iter()
+        .enumerate()
+        .find(|(_, s)| s.output.as_deref().is_some_and(|o| o != baseline.text));
+    if let Some((index, sample)) = differing {
+        let output = sample.output.as_deref().unwrap_or_default();
+        let model = |m: &Option<String>| {
+            m.as_deref()
+                .map(|m| format!(", model {m}"))
+                .unwrap_or_default()
+        };
+        let old_label = format!("baseline ({}{})", baseline.origin, model(&baseline.model));
+        let new_label = format!("run {run_id} sample {index}{}", model(&sample.model));
+        out.push_str(&render_text(
+            &baseline.text,
+            output,
+            &old_label,
+            &new_label,
+            color,
+        ));
+    }
+    out
+}

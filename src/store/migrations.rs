@@ -1,0 +1,82 @@
+//! Schema migrations, applied in order; `PRAGMA user_version` records how far a store has come.
+//!
+//! Never edit a migration that has shipped: add the next one.
+
+/// Every migration, the n-th bringing the schema to version n+1.
+pub const MIGRATIONS: &[&str] = &[
+    // 1: runs, content-addressed outputs, results, verdicts, alerts.
+    r#"
+    CREATE TABLE runs (
+        id              INTEGER PRIMARY KEY,
+        started_at      TEXT    NOT NULL,
+        finished_at     TEXT,
+        status          TEXT    NOT NULL CHECK (status IN ('running', 'finished', 'interrupted')),
+        prompt_set_hash TEXT    NOT NULL,
+        samples         INTEGER NOT NULL,
+        lanes           TEXT    NOT NULL,  -- JSON list of the lanes measured
+        exit_code       INTEGER,
+        pid             INTEGER
+    );
+
+    -- Each distinct output text once, keyed by its SHA-256: a year of nightly runs whose answers
+    -- mostly repeat stays small.
+    CREATE TABLE outputs (
+        hash  TEXT PRIMARY KEY,
+        text  TEXT NOT NULL
+    ) WITHOUT ROWID;
+
+    CREATE TABLE results (
+        id                INTEGER PRIMARY KEY,
+        run_id            INTEGER NOT NULL REFERENCES runs(id),
+        lane              TEXT    NOT NULL,
+        prompt_id         TEXT    NOT NULL,
+        prompt_hash       TEXT    NOT NULL,
+        sample            INTEGER NOT NULL,
+        outcome           TEXT    NOT NULL,
+        output_hash       TEXT    REFERENCES outputs(hash),
+        model             TEXT,
+        fingerprint       TEXT,
+        finish_reason     TEXT,
+        prompt_tokens     INTEGER,
+        completion_tokens INTEGER,
+        queue_ms          INTEGER NOT NULL,
+        call_ms           INTEGER NOT NULL,
+        error             TEXT,
+        created_at        TEXT    NOT NULL,
+        UNIQUE (run_id, lane, prompt_id, sample)
+    );
+    CREATE INDEX results_by_lane_prompt ON results (lane, prompt_id, run_id);
+
+    CREATE TABLE verdicts (
+        run_id      INTEGER NOT NULL REFERENCES runs(id),
+        lane        TEXT    NOT NULL,
+        prompt_id   TEXT    NOT NULL,
+        verdict     TEXT    NOT NULL,
+        similarity  REAL,
+        review      INTEGER NOT NULL DEFAULT 0,
+        reasons     TEXT    NOT NULL,  -- JSON list of strings
+        PRIMARY KEY (run_id, lane, prompt_id)
+    ) WITHOUT ROWID;
+
+    CREATE TABLE lane_verdicts (
+        run_id   INTEGER NOT NULL REFERENCES runs(id),
+        lane     TEXT    NOT NULL,
+        verdict  TEXT    NOT NULL,
+        reasons  TEXT    NOT NULL,
+        PRIMARY KEY (run_id, lane)
+    ) WITHOUT ROWID;
+
+    CREATE TABLE alerts (
+        id          INTEGER PRIMARY KEY,
+        run_id      INTEGER NOT NULL REFERENCES runs(id),
+        lane        TEXT    NOT NULL,
+        kind        TEXT    NOT NULL,
+        channel     TEXT    NOT NULL,
+        status      TEXT    NOT NULL CHECK (status IN ('pending', 'sent')),
+        error       TEXT,
+        attempts    INTEGER NOT NULL DEFAULT 0,
+        created_at  TEXT    NOT NULL,
+        sent_at     TEXT
+    );
+    "#,
+];

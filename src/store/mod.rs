@@ -1,0 +1,615 @@
+//! The SQLite store: runs, every result as it arrives, verdicts and alerts.
+//!
+//! WAL mode with full sync: each result is its own committed transaction the moment it arrives,
+//! so a run killed at any instant leaves a consistent store holding every finished result.
+//! Output texts are content-addressed, stored once however many runs repeat them.
+
+pub mod lock;
+mod migrations;
+
+use std::path::{Path, PathBuf};
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::completion::hex_sha256;
+
+/// A store problem.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLite refused.
+    #[error("store {path}: {source}")]
+    Sqlite {
+        /// The store file.
+        path: PathBuf,
+        /// What SQLite said.
+        source: rusqlite::Error,
+    },
+    /// The store was written by a newer canary.
+    #[error(
+        "store {path} has schema version {found}, newer than this canary understands ({known}); upgrade canary"
+    )]
+    TooNew {
+        /// The store file.
+        path: PathBuf,
+        /// Its version.
+        found: i64,
+        /// Ours.
+        known: i64,
+    },
+    /// The folder of the store cannot be created.
+    #[error("cannot create the folder of store {path}: {source}")]
+    Folder {
+        /// The store file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A run id that does not exist.
+    #[error("no run {0} in the store (see `canary history`)")]
+    NoSuchRun(i64),
+    /// No run at all yet.
+    #[error("the store has no runs yet: run `canary run` first")]
+    NoRuns,
+}
+
+/// A run as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRow {
+    /// Run id.
+    pub id: i64,
+    /// Start time (RFC 3339).
+    pub started_at: String,
+    /// End time, when it ended.
+    pub finished_at: Option<String>,
+    /// `running`, `finished` or `interrupted`.
+    pub status: String,
+    /// Hash of the prompt set it ran.
+    pub prompt_set_hash: String,
+    /// Samples per (lane, prompt).
+    pub samples: i64,
+    /// Lanes measured.
+    pub lanes: Vec<String>,
+    /// Exit code it ended with.
+    pub exit_code: Option<i64>,
+}
+
+/// One result to store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewResult<'a> {
+    /// Lane measured.
+    pub lane: &'a str,
+    /// Prompt id.
+    pub prompt_id: &'a str,
+    /// Prompt hash at the time.
+    pub prompt_hash: &'a str,
+    /// Sample number, from 0.
+    pub sample: i64,
+    /// Router outcome.
+    pub outcome: &'a str,
+    /// Output text, when served.
+    pub output: Option<&'a str>,
+    /// Reported model.
+    pub model: Option<&'a str>,
+    /// Reported fingerprint.
+    pub fingerprint: Option<&'a str>,
+    /// Finish reason.
+    pub finish_reason: Option<&'a str>,
+    /// Prompt tokens.
+    pub prompt_tokens: Option<u64>,
+    /// Completion tokens.
+    pub completion_tokens: Option<u64>,
+    /// Queue wait.
+    pub queue_ms: u64,
+    /// Call time.
+    pub call_ms: u64,
+    /// What failed, for failed results.
+    pub error: Option<&'a str>,
+}
+
+/// A stored result with its output text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredResult {
+    /// Run id.
+    pub run_id: i64,
+    /// Lane.
+    pub lane: String,
+    /// Prompt id.
+    pub prompt_id: String,
+    /// Prompt hash.
+    pub prompt_hash: String,
+    /// Sample number.
+    pub sample: i64,
+    /// Router outcome.
+    pub outcome: String,
+    /// Output text, when served.
+    pub output: Option<String>,
+    /// Reported model.
+    pub model: Option<String>,
+    /// Reported fingerprint.
+    pub fingerprint: Option<String>,
+    /// Finish reason.
+    pub finish_reason: Option<String>,
+    /// Completion tokens.
+    pub completion_tokens: Option<i64>,
+    /// Queue wait.
+    pub queue_ms: i64,
+    /// Call time.
+    pub call_ms: i64,
+    /// What failed.
+    pub error: Option<String>,
+}
+
+/// A stored verdict of one (lane, prompt).
+#[derive(Debug, Clone, PartialEq)]
+pub struct VerdictRow {
+    /// Lane.
+    pub lane: String,
+    /// Prompt id.
+    pub prompt_id: String,
+    /// Verdict name.
+    pub verdict: String,
+    /// Similarity to the baseline.
+    pub similarity: Option<f64>,
+    /// Drifted on the control lane too: for review, not an alert.
+    pub review: bool,
+    /// Reasons.
+    pub reasons: Vec<String>,
+}
+
+/// The SQLite store.
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+}
+
+const KNOWN_VERSION: i64 = migrations::MIGRATIONS.len() as i64;
+
+impl Store {
+    /// Opens (creating and migrating as needed) the store at `path`.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| StoreError::Folder {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        }
+        let sql = |source| StoreError::Sqlite {
+            path: path.to_path_buf(),
+            source,
+        };
+        let conn = Connection::open(path).map_err(sql)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(sql)?;
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;",
+        )
+        .map_err(sql)?;
+        let mut store = Store {
+            conn,
+            path: path.to_path_buf(),
+        };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    /// The store file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn err(&self, source: rusqlite::Error) -> StoreError {
+        StoreError::Sqlite {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    fn migrate(&mut self) -> Result<(), StoreError> {
+        let version: i64 = self
+            .conn
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .map_err(|e| self.err(e))?;
+        if version > KNOWN_VERSION {
+            return Err(StoreError::TooNew {
+                path: self.path.clone(),
+                found: version,
+                known: KNOWN_VERSION,
+            });
+        }
+        for (index, migration) in migrations::MIGRATIONS
+            .iter()
+            .enumerate()
+            .skip(version as usize)
+        {
+            let path = self.path.clone();
+            let tx = self
+                .conn
+                .transaction()
+                .map_err(|source| StoreError::Sqlite {
+                    path: path.clone(),
+                    source,
+                })?;
+            tx.execute_batch(migration)
+                .and_then(|()| tx.pragma_update(None, "user_version", index as i64 + 1))
+                .and_then(|()| tx.commit())
+                .map_err(|source| StoreError::Sqlite { path, source })?;
+        }
+        Ok(())
+    }
+
+    /// Schema version of the store.
+    pub fn schema_version(&self) -> Result<i64, StoreError> {
+        self.conn
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .map_err(|e| self.err(e))
+    }
+
+    /// Marks runs still `running` as `interrupted`. Call only while holding the run lock: then
+    /// no such run can be alive. Returns their ids.
+    pub fn mark_interrupted(&self) -> Result<Vec<i64>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("UPDATE runs SET status = 'interrupted' WHERE status = 'running' RETURNING id")
+            .map_err(|e| self.err(e))?;
+        let ids = stmt
+            .query_map([], |row| row.get(0))
+            .and_then(|rows| rows.collect::<Result<Vec<i64>, _>>())
+            .map_err(|e| self.err(e))?;
+        Ok(ids)
+    }
+
+    /// Starts a run and returns its id.
+    pub fn begin_run(
+        &self,
+        prompt_set_hash: &str,
+        samples: u32,
+        lanes: &[String],
+    ) -> Result<i64, StoreError> {
+        self.conn
+            .execute(
+                "INSERT INTO runs (started_at, status, prompt_set_hash, samples, lanes, pid)
+                 VALUES (?1, 'running', ?2, ?3, ?4, ?5)",
+                params![
+                    now(),
+                    prompt_set_hash,
+                    samples,
+                    serde_json::to_string(lanes).unwrap_or_default(),
+                    std::process::id()
+                ],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    /// Commits one result (and its output text, once) in its own transaction.
+    pub fn insert_result(&mut self, run_id: i64, result: &NewResult<'_>) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let sql = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(sql)?;
+        let output_hash = match result.output {
+            Some(text) => {
+                let hash = hex_sha256(text.as_bytes());
+                tx.execute(
+                    "INSERT OR IGNORE INTO outputs (hash, text) VALUES (?1, ?2)",
+                    params![hash, text],
+                )
+                .map_err(sql)?;
+                Some(hash)
+            }
+            None => None,
+        };
+        tx.execute(
+            "INSERT INTO results (run_id, lane, prompt_id, prompt_hash, sample, outcome, output_hash,
+                 model, fingerprint, finish_reason, prompt_tokens, completion_tokens, queue_ms, call_ms,
+                 error, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+            params![
+                run_id,
+                result.lane,
+                result.prompt_id,
+                result.prompt_hash,
+                result.sample,
+                result.outcome,
+                output_hash,
+                result.model,
+                result.fingerprint,
+                result.finish_reason,
+                result.prompt_tokens.map(|t| t as i64),
+                result.completion_tokens.map(|t| t as i64),
+                result.queue_ms as i64,
+                result.call_ms as i64,
+                result.error,
+                now()
+            ],
+        )
+        .map_err(sql)?;
+        tx.commit().map_err(sql)
+    }
+
+    /// Stores the verdicts of a run (replacing any earlier ones) and ends it.
+    pub fn finish_run(
+        &mut self,
+        run_id: i64,
+        items: &[VerdictRow],
+        lanes: &[(String, String, Vec<String>)],
+        exit_code: i32,
+    ) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let sql = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(sql)?;
+        tx.execute("DELETE FROM verdicts WHERE run_id = ?1", [run_id])
+            .map_err(sql)?;
+        tx.execute("DELETE FROM lane_verdicts WHERE run_id = ?1", [run_id])
+            .map_err(sql)?;
+        for item in items {
+            tx.execute(
+                "INSERT INTO verdicts (run_id, lane, prompt_id, verdict, similarity, review, reasons)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    run_id,
+                    item.lane,
+                    item.prompt_id,
+                    item.verdict,
+                    item.similarity,
+                    item.review,
+                    serde_json::to_string(&item.reasons).unwrap_or_default()
+                ],
+            )
+            .map_err(sql)?;
+        }
+        for (lane, verdict, reasons) in lanes {
+            tx.execute(
+                "INSERT INTO lane_verdicts (run_id, lane, verdict, reasons) VALUES (?1, ?2, ?3, ?4)",
+                params![run_id, lane, verdict, serde_json::to_string(reasons).unwrap_or_default()],
+            )
+            .map_err(sql)?;
+        }
+        tx.execute(
+            "UPDATE runs SET status = 'finished', finished_at = ?2, exit_code = ?3 WHERE id = ?1",
+            params![run_id, now(), exit_code],
+        )
+        .map_err(sql)?;
+        tx.commit().map_err(sql)
+    }
+
+    /// The run with `id`, or the latest run that has results when `id` is `None`.
+    pub fn run(&self, id: Option<i64>) -> Result<RunRow, StoreError> {
+        let row = match id {
+            Some(id) => self
+                .conn
+                .query_row(&format!("{RUN_SELECT} WHERE id = ?1"), [id], run_row)
+                .optional()
+                .map_err(|e| self.err(e))?
+                .ok_or(StoreError::NoSuchRun(id))?,
+            None => self
+                .conn
+                .query_row(
+                    &format!("{RUN_SELECT} WHERE EXISTS (SELECT 1 FROM results r WHERE r.run_id = runs.id) ORDER BY id DESC LIMIT 1"),
+                    [],
+                    run_row,
+                )
+                .optional()
+                .map_err(|e| self.err(e))?
+                .ok_or(StoreError::NoRuns)?,
+        };
+        Ok(row)
+    }
+
+    /// The latest runs, newest first.
+    pub fn runs(&self, limit: usize) -> Result<Vec<RunRow>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!("{RUN_SELECT} ORDER BY id DESC LIMIT ?1"))
+            .map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map([limit as i64], run_row)
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| self.err(e))?;
+        Ok(rows)
+    }
+
+    /// Every result of a run, in lane, prompt, sample order.
+    pub fn results(&self, run_id: i64) -> Result<Vec<StoredResult>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT r.run_id, r.lane, r.prompt_id, r.prompt_hash, r.sample, r.outcome, o.text,
+                        r.model, r.fingerprint, r.finish_reason, r.completion_tokens, r.queue_ms,
+                        r.call_ms, r.error
+                 FROM results r LEFT JOIN outputs o ON o.hash = r.output_hash
+                 WHERE r.run_id = ?1 ORDER BY r.lane, r.prompt_id, r.sample",
+            )
+            .map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map([run_id], |row| {
+                Ok(StoredResult {
+                    run_id: row.get(0)?,
+                    lane: row.get(1)?,
+                    prompt_id: row.get(2)?,
+                    prompt_hash: row.get(3)?,
+                    sample: row.get(4)?,
+                    outcome: row.get(5)?,
+                    output: row.get(6)?,
+                    model: row.get(7)?,
+                    fingerprint: row.get(8)?,
+                    finish_reason: row.get(9)?,
+                    completion_tokens: row.get(10)?,
+                    queue_ms: row.get(11)?,
+                    call_ms: row.get(12)?,
+                    error: row.get(13)?,
+                })
+            })
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| self.err(e))?;
+        Ok(rows)
+    }
+
+    /// The verdicts stored for a run.
+    pub fn verdicts(&self, run_id: i64) -> Result<Vec<VerdictRow>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT lane, prompt_id, verdict, similarity, review, reasons FROM verdicts
+                 WHERE run_id = ?1 ORDER BY lane, prompt_id",
+            )
+            .map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map([run_id], |row| {
+                let reasons: String = row.get(5)?;
+                Ok(VerdictRow {
+                    lane: row.get(0)?,
+                    prompt_id: row.get(1)?,
+                    verdict: row.get(2)?,
+                    similarity: row.get(3)?,
+                    review: row.get(4)?,
+                    reasons: serde_json::from_str(&reasons).unwrap_or_default(),
+                })
+            })
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| self.err(e))?;
+        Ok(rows)
+    }
+
+    /// Lane verdicts stored for a run: (lane, verdict).
+    pub fn lane_verdicts(&self, run_id: i64) -> Result<Vec<(String, String)>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT lane, verdict FROM lane_verdicts WHERE run_id = ?1 ORDER BY lane")
+            .map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map([run_id], |row| Ok((row.get(0)?, row.get(1)?)))
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| self.err(e))?;
+        Ok(rows)
+    }
+
+    /// Counts of stored rows: (results, distinct outputs), for reports and tests of dedup.
+    pub fn counts(&self) -> Result<(i64, i64), StoreError> {
+        self.conn
+            .query_row(
+                "SELECT (SELECT COUNT(*) FROM results), (SELECT COUNT(*) FROM outputs)",
+                [],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .map_err(|e| self.err(e))
+    }
+
+    /// SQLite's own consistency check; `ok` when the file is sound.
+    pub fn integrity_check(&self) -> Result<String, StoreError> {
+        self.conn
+            .query_row("PRAGMA integrity_check", [], |row| row.get(0))
+            .map_err(|e| self.err(e))
+    }
+}
+
+const RUN_SELECT: &str = "SELECT id, started_at, finished_at, status, prompt_set_hash, samples, lanes, exit_code FROM runs";
+
+fn run_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
+    let lanes: String = row.get(6)?;
+    Ok(RunRow {
+        id: row.get(0)?,
+        started_at: row.get(1)?,
+        finished_at: row.get(2)?,
+        status: row.get(3)?,
+        prompt_set_hash: row.get(4)?,
+        samples: row.get(5)?,
+        lanes: serde_json::from_str(&lanes).unwrap_or_default(),
+        exit_code: row.get(7)?,
+    })
+}
+
+fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result<'a>(prompt: &'a str, sample: i64, output: Option<&'a str>) -> NewResult<'a> {
+        NewResult {
+            lane: "free",
+            prompt_id: prompt,
+            prompt_hash: "h",
+            sample,
+            outcome: if output.is_some() {
+                "served"
+            } else {
+                "timeout"
+            },
+            output,
+            model: Some("m"),
+            fingerprint: None,
+            finish_reason: Some("stop"),
+            prompt_tokens: Some(3),
+            completion_tokens: Some(4),
+            queue_ms: 0,
+            call_ms: 12,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn identical_outputs_are_stored_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("c.db")).unwrap();
+        for night in 0..30 {
+            let run = store.begin_run("set", 1, &["free".into()]).unwrap();
+            store
+                .insert_result(run, &result("a", 0, Some("Paris.")))
+                .unwrap();
+            let answer = if night % 10 == 0 {
+                "Paris, France."
+            } else {
+                "Paris."
+            };
+            store
+                .insert_result(run, &result("b", 0, Some(answer)))
+                .unwrap();
+            store.insert_result(run, &result("c", 0, None)).unwrap();
+        }
+        assert_eq!(store.counts().unwrap(), (90, 2));
+        let latest = store.run(None).unwrap();
+        let results = store.results(latest.id).unwrap();
+        assert_eq!(results[0].output.as_deref(), Some("Paris."));
+        assert_eq!(results[2].output, None);
+    }
+
+    #[test]
+    fn migrations_are_recorded_and_reopening_is_idempotent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.db");
+        Store::open(&path).unwrap();
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.schema_version().unwrap(), KNOWN_VERSION);
+    }
+
+    #[test]
+    fn a_store_from_a_newer_canary_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.db");
+        Store::open(&path).unwrap();
+        Connection::open(&path)
+            .unwrap()
+            .pragma_update(None, "user_version", 99)
+            .unwrap();
+        let err = Store::open(&path).err().unwrap().to_string();
+        assert!(err.contains("schema version 99"), "{err}");
+    }
+
+    #[test]
+    fn running_runs_become_interrupted() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("c.db")).unwrap();
+        let run = store.begin_run("set", 1, &[]).unwrap();
+        assert_eq!(store.mark_interrupted().unwrap(), vec![run]);
+        assert_eq!(store.run(Some(run)).unwrap().status, "interrupted");
+        assert!(store.mark_interrupted().unwrap().is_empty());
+    }
+}

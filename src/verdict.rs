@@ -1,0 +1,751 @@
+//! Where drift is decided.
+//!
+//! Each (lane, prompt) of a run is judged against its baseline on several axes, each reported
+//! with its reason: text similarity, checks that stopped passing, a changed extracted answer,
+//! length far outside the baseline's, a refusal flip. The baseline's own noise band (from its
+//! samples) widens what counts as noise. Identity (model, fingerprint) is judged per lane across
+//! the whole run, because some providers' fingerprints flicker answer to answer.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::time::Duration;
+
+use serde::Serialize;
+use similar::{Algorithm, TextDiff};
+
+use crate::checks::{evaluate_all, extract_answer, is_refusal, normalize_whitespace};
+use crate::prompts::Prompt;
+use crate::snapshot::Noise;
+
+/// Length ratios inside this band are never drift on their own.
+pub const DEFAULT_LENGTH_BAND: [f64; 2] = [0.5, 2.0];
+/// Length changes smaller than this many characters are never drift (short answers are noisy).
+const LENGTH_SLACK_CHARS: usize = 16;
+/// Longest a similarity computation may take; huge outputs get an approximate ratio instead.
+const SIMILARITY_TIME_LIMIT: Duration = Duration::from_millis(500);
+
+/// The verdict of a (lane, prompt) in a run, or of a lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// The same text as the baseline.
+    Unchanged,
+    /// Different text, every axis inside the baseline's tolerance.
+    WithinNoise,
+    /// Outside tolerance on at least one axis.
+    Drifted,
+    /// No baseline yet.
+    New,
+    /// The prompt changed since its baseline was accepted.
+    Stale,
+    /// The lane gave no answer.
+    Failed,
+}
+
+impl Verdict {
+    /// Every verdict, in table order.
+    pub const ALL: [Verdict; 6] = [
+        Verdict::Unchanged,
+        Verdict::WithinNoise,
+        Verdict::Drifted,
+        Verdict::New,
+        Verdict::Stale,
+        Verdict::Failed,
+    ];
+
+    /// The contract's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Unchanged => "unchanged",
+            Verdict::WithinNoise => "within_noise",
+            Verdict::Drifted => "drifted",
+            Verdict::New => "new",
+            Verdict::Stale => "stale",
+            Verdict::Failed => "failed",
+        }
+    }
+
+    /// Parses a stored name.
+    pub fn parse(name: &str) -> Option<Verdict> {
+        Verdict::ALL.into_iter().find(|v| v.as_str() == name)
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a lane's verdict is judged against: a baseline's text, identity and noise band.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Baseline {
+    /// The primary output.
+    pub text: String,
+    /// Prompt hash it was made from.
+    pub prompt_hash: String,
+    /// Model reported then.
+    pub model: Option<String>,
+    /// Fingerprint reported then.
+    pub fingerprint: Option<String>,
+    /// Its noise band.
+    pub noise: Noise,
+    /// Where it came from, for people (`snapshots/free/x.snap (run 4)`, `run 9`).
+    pub origin: String,
+}
+
+/// One answer of the run to judge.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// Output text, when the lane answered.
+    pub output: Option<String>,
+    /// Model reported.
+    pub model: Option<String>,
+    /// Fingerprint reported.
+    pub fingerprint: Option<String>,
+    /// Why there is no output (`timeout: ...`).
+    pub error: Option<String>,
+}
+
+/// The judgement of one (lane, prompt).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ItemJudgement {
+    /// Prompt id.
+    pub id: String,
+    /// Verdict.
+    pub verdict: Verdict,
+    /// Lowest similarity of the samples to the baseline.
+    pub similarity: Option<f64>,
+    /// Why, one reason per axis that moved (or why it could not be judged).
+    pub reasons: Vec<String>,
+    /// Drifted on the control lane too: for review, not an alert.
+    pub review: bool,
+    /// Answers received / samples sent.
+    pub samples: usize,
+    /// Samples that answered.
+    pub answered: usize,
+}
+
+/// Settings that shape the judgement.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rules {
+    /// Default similarity threshold.
+    pub threshold: f64,
+    /// Drifted prompts that make a lane drifted.
+    pub min_drifted: MinDrifted,
+}
+
+/// How many drifted prompts make a lane drifted.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MinDrifted {
+    /// At least this many.
+    Count(u32),
+    /// At least this fraction of the judged prompts (0..=1).
+    Fraction(f64),
+}
+
+impl MinDrifted {
+    fn reached(self, drifted: usize, judged: usize) -> bool {
+        match self {
+            MinDrifted::Count(n) => drifted >= n.max(1) as usize,
+            MinDrifted::Fraction(f) => drifted > 0 && drifted as f64 >= f * judged as f64,
+        }
+    }
+}
+
+/// Word-level similarity of two texts after whitespace normalisation, in [0, 1].
+pub fn similarity(a: &str, b: &str) -> f64 {
+    // Words only: whitespace tokens would match almost everywhere and inflate the ratio.
+    let a: Vec<&str> = a.split_whitespace().collect();
+    let b: Vec<&str> = b.split_whitespace().collect();
+    if a == b {
+        return 1.0;
+    }
+    TextDiff::configure()
+        .algorithm(Algorithm::Patience)
+        .timeout(SIMILARITY_TIME_LIMIT)
+        .diff_slices(&a, &b)
+        .ratio() as f64
+}
+
+/// Judges the samples of one (lane, prompt) against its baseline.
+pub fn judge_item(
+    prompt: &Prompt,
+    rules: &Rules,
+    baseline: Option<&Baseline>,
+    samples: &[Sample],
+) -> ItemJudgement {
+    let answered: Vec<&str> = samples.iter().filter_map(|s| s.output.as_deref()).collect();
+    let mut judgement = ItemJudgement {
+        id: prompt.id.clone(),
+        verdict: Verdict::Failed,
+        similarity: None,
+        reasons: Vec::new(),
+        review: false,
+        samples: samples.len(),
+        answered: answered.len(),
+    };
+    if answered.is_empty() {
+        let mut errors: Vec<String> = samples.iter().filter_map(|s| s.error.clone()).collect();
+        errors.dedup();
+        judgement.reasons = if errors.is_empty() {
+            vec!["no answer".into()]
+        } else {
+            errors
+        };
+        return judgement;
+    }
+    let Some(baseline) = baseline else {
+        judgement.verdict = Verdict::New;
+        judgement
+            .reasons
+            .push("no baseline yet: review and accept it".into());
+        return judgement;
+    };
+    if baseline.prompt_hash != prompt.hash {
+        judgement.verdict = Verdict::Stale;
+        judgement.reasons.push(format!(
+            "the prompt changed since its baseline ({}) was accepted: re-accept it",
+            baseline.origin
+        ));
+        return judgement;
+    }
+    let threshold = prompt.threshold.unwrap_or(rules.threshold);
+    let mut drifted = 0;
+    let mut identical = 0;
+    let mut lowest: f64 = 1.0;
+    let mut reasons: Vec<String> = Vec::new();
+    for output in &answered {
+        let (sim, sample_reasons) = judge_sample(prompt, threshold, baseline, output);
+        lowest = lowest.min(sim);
+        if normalize_whitespace(output) == normalize_whitespace(&baseline.text) {
+            identical += 1;
+        }
+        if !sample_reasons.is_empty() {
+            drifted += 1;
+            for reason in sample_reasons {
+                if !reasons.contains(&reason) {
+                    reasons.push(reason);
+                }
+            }
+        }
+    }
+    judgement.similarity = Some(round3(lowest));
+    let failed = samples.len() - answered.len();
+    if failed > 0 {
+        reasons.push(format!(
+            "{failed} of {} samples gave no answer",
+            samples.len()
+        ));
+    }
+    // Most samples must agree before an item is called drifted: one odd sample is noise.
+    judgement.verdict = if drifted * 2 > answered.len() {
+        Verdict::Drifted
+    } else if identical == answered.len() {
+        Verdict::Unchanged
+    } else {
+        Verdict::WithinNoise
+    };
+    if judgement.verdict != Verdict::Drifted && drifted > 0 {
+        reasons.insert(
+            0,
+            format!(
+                "{drifted} of {} samples outside tolerance (not a majority)",
+                answered.len()
+            ),
+        );
+    }
+    judgement.reasons = reasons;
+    judgement
+}
+
+/// Judges one output; returns its similarity and the reasons it is outside tolerance.
+fn judge_sample(
+    prompt: &Prompt,
+    threshold: f64,
+    baseline: &Baseline,
+    output: &str,
+) -> (f64, Vec<String>) {
+    let mut reasons = Vec::new();
+    let noise = &baseline.noise;
+    let sim = similarity(&baseline.text, output);
+    let floor = threshold.min(noise.similarity_floor);
+    if sim < floor {
+        reasons.push(if noise.similarity_floor < threshold {
+            format!("similarity {sim:.2} below the baseline's noise floor {floor:.2}")
+        } else {
+            format!("similarity {sim:.2} below the threshold {threshold:.2}")
+        });
+    }
+
+    let before = evaluate_all(&prompt.checks, &baseline.text);
+    let after = evaluate_all(&prompt.checks, output);
+    for (was, now) in before.iter().zip(&after) {
+        if was.passed && !now.passed && !noise.flaky_checks.contains(&was.name) {
+            reasons.push(format!(
+                "check `{}` passed on the baseline and fails now",
+                was.name
+            ));
+        }
+    }
+
+    if let Some(found) = extract_answer(&prompt.checks, output) {
+        let known: Vec<String> = if noise.answers.is_empty() {
+            extract_answer(&prompt.checks, &baseline.text)
+                .flatten()
+                .into_iter()
+                .collect()
+        } else {
+            noise.answers.clone()
+        };
+        if !known.is_empty() {
+            match found {
+                Some(answer) if !known.contains(&answer) => {
+                    reasons.push(format!("answer changed: {} → {answer}", known.join(" / ")));
+                }
+                None => reasons.push(format!("no answer found (baseline: {})", known.join(" / "))),
+                Some(_) => {}
+            }
+        }
+    }
+
+    let (old_len, new_len) = (baseline.text.chars().count(), output.chars().count());
+    let ratio = new_len as f64 / old_len.max(1) as f64;
+    let band = [
+        DEFAULT_LENGTH_BAND[0].min(noise.length_ratio[0] * 0.8),
+        DEFAULT_LENGTH_BAND[1].max(noise.length_ratio[1] * 1.25),
+    ];
+    if (ratio < band[0] || ratio > band[1]) && old_len.abs_diff(new_len) > LENGTH_SLACK_CHARS {
+        reasons.push(format!(
+            "length {new_len} chars is {ratio:.2}× the baseline's {old_len} (tolerated {:.2}–{:.2}×)",
+            band[0], band[1]
+        ));
+    }
+
+    let baseline_refused = noise.refusal.unwrap_or_else(|| is_refusal(&baseline.text));
+    if noise.refusal.is_some() || noise.similarity_floor >= 1.0 {
+        match (baseline_refused, is_refusal(output)) {
+            (false, true) => reasons.push("declines where the baseline answered".into()),
+            (true, false) => reasons.push("answers where the baseline declined".into()),
+            _ => {}
+        }
+    }
+    (sim, reasons)
+}
+
+/// The noise band of a set of accepted samples (the first is the primary).
+pub fn noise_band(prompt: &Prompt, samples: &[&str]) -> Noise {
+    let Some(primary) = samples.first() else {
+        return Noise::default();
+    };
+    let primary_len = primary.chars().count().max(1) as f64;
+    let mut noise = Noise::default();
+    let mut refusals = Vec::new();
+    let primary_checks = evaluate_all(&prompt.checks, primary);
+    for sample in samples {
+        noise.similarity_floor = noise
+            .similarity_floor
+            .min(round3(similarity(primary, sample)));
+        let ratio = round3(sample.chars().count() as f64 / primary_len);
+        noise.length_ratio = [
+            noise.length_ratio[0].min(ratio),
+            noise.length_ratio[1].max(ratio),
+        ];
+        if let Some(Some(answer)) = extract_answer(&prompt.checks, sample)
+            && !noise.answers.contains(&answer)
+        {
+            noise.answers.push(answer);
+        }
+        refusals.push(is_refusal(sample));
+        for (was, now) in primary_checks
+            .iter()
+            .zip(evaluate_all(&prompt.checks, sample))
+        {
+            if was.passed != now.passed && !noise.flaky_checks.contains(&was.name) {
+                noise.flaky_checks.push(was.name.clone());
+            }
+        }
+    }
+    noise.refusal = if refusals.iter().all(|r| *r == refusals[0]) {
+        Some(refusals[0])
+    } else {
+        None
+    };
+    noise
+}
+
+/// What a baseline and one answer of the run say about who answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Identity<'a> {
+    /// Model recorded in the baseline.
+    pub baseline_model: Option<&'a str>,
+    /// Model the answer reports.
+    pub model: Option<&'a str>,
+    /// Fingerprint recorded in the baseline.
+    pub baseline_fingerprint: Option<&'a str>,
+    /// Fingerprint the answer reports.
+    pub fingerprint: Option<&'a str>,
+}
+
+/// Whether a lane's identity moved: the model (or fingerprint) most of its answers report differs
+/// from the one most of its baselines recorded. Returns the reasons.
+pub fn identity_changes(pairs: &[Identity<'_>]) -> Vec<String> {
+    let mut reasons = Vec::new();
+    let models: Vec<(&str, &str)> = pairs
+        .iter()
+        .filter_map(|p| Some((p.baseline_model?, p.model?)))
+        .collect();
+    if let Some(reason) = majority_change("model", &models) {
+        reasons.push(reason);
+    }
+    let fingerprints: Vec<(&str, &str)> = pairs
+        .iter()
+        .filter_map(|p| Some((p.baseline_fingerprint?, p.fingerprint?)))
+        .collect();
+    if let Some(reason) = majority_change("system_fingerprint", &fingerprints) {
+        reasons.push(reason);
+    }
+    reasons
+}
+
+fn majority_change(what: &str, pairs: &[(&str, &str)]) -> Option<String> {
+    let changed: Vec<&(&str, &str)> = pairs.iter().filter(|(was, now)| was != now).collect();
+    if pairs.is_empty() || changed.len() * 2 <= pairs.len() {
+        return None;
+    }
+    let before = most_common(changed.iter().map(|(was, _)| *was));
+    let after = most_common(changed.iter().map(|(_, now)| *now));
+    Some(format!(
+        "{what} changed on {} of {} answers: {before} → {after}",
+        changed.len(),
+        pairs.len()
+    ))
+}
+
+fn most_common<'a>(values: impl Iterator<Item = &'a str>) -> &'a str {
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for value in values {
+        *counts.entry(value).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(a.0)))
+        .map_or("", |(value, _)| value)
+}
+
+/// The verdict of a whole lane from its items and identity reasons.
+pub fn judge_lane(
+    items: &[ItemJudgement],
+    identity: &[String],
+    rules: &Rules,
+) -> (Verdict, Vec<String>) {
+    let mut counts: BTreeMap<Verdict, usize> = BTreeMap::new();
+    for item in items {
+        *counts.entry(item.verdict).or_default() += 1;
+    }
+    let count = |v: Verdict| counts.get(&v).copied().unwrap_or(0);
+    let alerting = items
+        .iter()
+        .filter(|i| i.verdict == Verdict::Drifted && !i.review)
+        .count();
+    let review = items
+        .iter()
+        .filter(|i| i.verdict == Verdict::Drifted && i.review)
+        .count();
+    let judged = items
+        .iter()
+        .filter(|i| {
+            matches!(
+                i.verdict,
+                Verdict::Unchanged | Verdict::WithinNoise | Verdict::Drifted
+            )
+        })
+        .count();
+    let mut reasons: Vec<String> = identity.to_vec();
+    if alerting > 0 {
+        reasons.push(format!("{alerting} of {judged} judged prompts drifted"));
+    }
+    if review > 0 {
+        reasons.push(format!(
+            "{review} prompts drifted on the control lane too: for review, not an alert"
+        ));
+    }
+    if count(Verdict::Failed) > 0 {
+        reasons.push(format!("{} prompts got no answer", count(Verdict::Failed)));
+    }
+    let verdict = if !identity.is_empty() || rules.min_drifted.reached(alerting, judged) {
+        Verdict::Drifted
+    } else if count(Verdict::Failed) > 0 {
+        Verdict::Failed
+    } else if count(Verdict::Stale) > 0 {
+        Verdict::Stale
+    } else if count(Verdict::New) > 0 {
+        Verdict::New
+    } else if count(Verdict::Unchanged) == items.len() {
+        Verdict::Unchanged
+    } else {
+        Verdict::WithinNoise
+    };
+    if verdict != Verdict::Drifted && alerting > 0 {
+        reasons.push("below the lane's drift rule (drift.min_drifted)".into());
+    }
+    (verdict, reasons)
+}
+
+fn round3(value: f64) -> f64 {
+    (value * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prompts::parse_file;
+    use std::path::Path;
+
+    fn prompt(yaml_checks: &str) -> Prompt {
+        let text = format!("- id: p\n  prompt: Is 17077 prime?\n{yaml_checks}");
+        parse_file(Path::new("p.yaml"), &text).unwrap().remove(0)
+    }
+
+    fn rules() -> Rules {
+        Rules {
+            threshold: 0.85,
+            min_drifted: MinDrifted::Count(1),
+        }
+    }
+
+    fn baseline(prompt: &Prompt, text: &str) -> Baseline {
+        Baseline {
+            text: text.into(),
+            prompt_hash: prompt.hash.clone(),
+            model: Some("m".into()),
+            fingerprint: None,
+            noise: noise_band(prompt, &[text]),
+            origin: "test".into(),
+        }
+    }
+
+    fn served(text: &str) -> Sample {
+        Sample {
+            output: Some(text.into()),
+            model: Some("m".into()),
+            fingerprint: None,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn the_same_text_is_unchanged_and_whitespace_does_not_count() {
+        let p = prompt("");
+        let b = baseline(&p, "Yes, 17077 is a prime number.");
+        let j = judge_item(
+            &p,
+            &rules(),
+            Some(&b),
+            &[served("Yes,  17077 is a prime\nnumber. ")],
+        );
+        assert_eq!(j.verdict, Verdict::Unchanged);
+        assert_eq!(j.similarity, Some(1.0));
+    }
+
+    #[test]
+    fn small_rewording_is_within_noise_and_large_rewording_drifts() {
+        let p = prompt("");
+        let base = "The quick brown fox jumps over the lazy dog near the quiet river bank today.";
+        let b = baseline(&p, base);
+        let close = judge_item(
+            &p,
+            &rules(),
+            Some(&b),
+            &[served(
+                "The quick brown fox jumps over the lazy dog near the quiet river bank.",
+            )],
+        );
+        assert_eq!(close.verdict, Verdict::WithinNoise, "{close:?}");
+        let far = judge_item(
+            &p,
+            &rules(),
+            Some(&b),
+            &[served("A slow red cat sleeps under a busy table in town.")],
+        );
+        assert_eq!(far.verdict, Verdict::Drifted);
+        assert!(
+            far.reasons[0].starts_with("similarity"),
+            "{:?}",
+            far.reasons
+        );
+    }
+
+    #[test]
+    fn a_changed_answer_is_drift_even_when_the_text_is_close() {
+        let p = prompt("  checks:\n    - answer: '(?i)\\b(yes|no)\\b'\n");
+        let b = baseline(&p, "Yes, 17077 is a prime number.");
+        let j = judge_item(
+            &p,
+            &rules(),
+            Some(&b),
+            &[served("No, 17077 is a prime number.")],
+        );
+        assert_eq!(j.verdict, Verdict::Drifted);
+        assert!(
+            j.reasons.iter().any(|r| r == "answer changed: yes → no"),
+            "{:?}",
+            j.reasons
+        );
+    }
+
+    #[test]
+    fn a_check_that_stops_passing_is_drift() {
+        let p = prompt("  threshold: 0.1\n  checks:\n    - json: true\n");
+        let b = baseline(&p, "{\"prime\": true}");
+        let j = judge_item(
+            &p,
+            &rules(),
+            Some(&b),
+            &[served("{\"prime\": true} (I think)")],
+        );
+        assert_eq!(j.verdict, Verdict::Drifted);
+        assert!(
+            j.reasons.iter().any(|r| r.contains("json: true")),
+            "{:?}",
+            j.reasons
+        );
+    }
+
+    #[test]
+    fn a_refusal_flip_and_a_length_blowup_are_drift() {
+        let p = prompt("  threshold: 0.0\n");
+        let b = baseline(
+            &p,
+            "Here is a short recipe for bread: flour, water, salt, yeast.",
+        );
+        let refused = judge_item(
+            &p,
+            &rules(),
+            Some(&b),
+            &[served("I'm sorry, but I can't help with that.")],
+        );
+        assert!(
+            refused.reasons.iter().any(|r| r.contains("declines")),
+            "{:?}",
+            refused.reasons
+        );
+        let long = "Here is a recipe. ".repeat(40);
+        let j = judge_item(&p, &rules(), Some(&b), &[served(&long)]);
+        assert!(
+            j.reasons.iter().any(|r| r.starts_with("length")),
+            "{:?}",
+            j.reasons
+        );
+    }
+
+    #[test]
+    fn outputs_inside_the_baselines_noise_band_are_not_drift() {
+        let p = prompt("");
+        let samples = [
+            "The sea is blue because water absorbs red light.",
+            "Water absorbs red light, so the sea looks blue to us.",
+            "The ocean appears blue since water soaks up the red part of sunlight.",
+        ];
+        let noise = noise_band(&p, &samples);
+        assert!(noise.similarity_floor < 0.85, "{noise:?}");
+        let b = Baseline {
+            noise,
+            ..baseline(&p, samples[0])
+        };
+        let j = judge_item(
+            &p,
+            &rules(),
+            Some(&b),
+            &[served("Because water absorbs red light, the sea is blue.")],
+        );
+        assert_eq!(j.verdict, Verdict::WithinNoise, "{j:?}");
+    }
+
+    #[test]
+    fn new_stale_and_failed() {
+        let p = prompt("");
+        assert_eq!(
+            judge_item(&p, &rules(), None, &[served("x")]).verdict,
+            Verdict::New
+        );
+        let mut old = baseline(&p, "x");
+        old.prompt_hash = "old".into();
+        assert_eq!(
+            judge_item(&p, &rules(), Some(&old), &[served("x")]).verdict,
+            Verdict::Stale
+        );
+        let none = Sample {
+            output: None,
+            model: None,
+            fingerprint: None,
+            error: Some("timeout".into()),
+        };
+        let failed = judge_item(&p, &rules(), Some(&baseline(&p, "x")), &[none]);
+        assert_eq!(failed.verdict, Verdict::Failed);
+        assert_eq!(failed.reasons, ["timeout"]);
+    }
+
+    #[test]
+    fn identity_is_judged_across_the_run_not_on_one_answer() {
+        let seen = |model: &'static str, fingerprint: Option<&'static str>| Identity {
+            baseline_model: Some("m"),
+            model: Some(model),
+            baseline_fingerprint: fingerprint.map(|_| "fp1"),
+            fingerprint,
+        };
+        let one_flicker = [
+            seen("m", Some("fp2")),
+            seen("m", Some("fp1")),
+            seen("m", Some("fp1")),
+        ];
+        assert!(identity_changes(&one_flicker).is_empty());
+        let swapped = [seen("m2", None), seen("m2", None), seen("m", None)];
+        assert_eq!(
+            identity_changes(&swapped),
+            ["model changed on 2 of 3 answers: m → m2"]
+        );
+    }
+
+    #[test]
+    fn the_lane_rule_counts_drifted_prompts_except_those_for_review() {
+        let item = |verdict, review| ItemJudgement {
+            id: "x".into(),
+            verdict,
+            similarity: None,
+            reasons: vec![],
+            review,
+            samples: 1,
+            answered: 1,
+        };
+        let two = Rules {
+            min_drifted: MinDrifted::Count(2),
+            ..rules()
+        };
+        let items = [
+            item(Verdict::Drifted, false),
+            item(Verdict::Unchanged, false),
+        ];
+        assert_eq!(judge_lane(&items, &[], &rules()).0, Verdict::Drifted);
+        assert_eq!(judge_lane(&items, &[], &two).0, Verdict::WithinNoise);
+        let reviewed = [
+            item(Verdict::Drifted, true),
+            item(Verdict::Unchanged, false),
+        ];
+        assert_eq!(judge_lane(&reviewed, &[], &rules()).0, Verdict::WithinNoise);
+        let failed = [
+            item(Verdict::Failed, false),
+            item(Verdict::Unchanged, false),
+        ];
+        assert_eq!(judge_lane(&failed, &[], &rules()).0, Verdict::Failed);
+        assert_eq!(
+            judge_lane(
+                &[item(Verdict::Unchanged, false)],
+                &["model changed".into()],
+                &rules()
+            )
+            .0,
+            Verdict::Drifted
+        );
+    }
+}
