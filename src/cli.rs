@@ -118,7 +118,8 @@ pub enum Command {
     )]
     Ask(AskArgs),
 
-    /// Validate the config; with --probe, ask each lane's endpoint whether it is up.
+    /// Validate the config, the prompt set and the baselines; with --probe, ask each lane's
+    /// endpoint whether it is up.
     ///
     /// Exit codes: 0 valid (and, with --probe, every enabled lane answered), 2 invalid,
     /// 3 valid but some enabled lane did not answer its probe.

@@ -1,17 +1,23 @@
 //! `canary check`: validate the config, and with `--probe` ask each lane whether it is up.
 
+use anyhow::Context;
 use serde::Serialize;
 
 use super::{EXIT_OK, EXIT_UNANSWERED, load_config, process_env};
 use crate::cli::{CheckArgs, Cli, Format};
 use crate::config::Config;
 use crate::deadline::Deadline;
+use crate::prompts::PromptSet;
 use crate::router::Router;
+use crate::snapshot::Snapshot;
 
 #[derive(Debug, Serialize)]
 struct CheckJson {
     config: String,
     valid: bool,
+    prompts: usize,
+    prompt_set_hash: String,
+    baselines: usize,
     lanes: Vec<LaneJson>,
 }
 
@@ -34,6 +40,8 @@ struct ProbeJson {
 /// Runs `canary check`.
 pub async fn run(cli: &Cli, args: &CheckArgs) -> anyhow::Result<i32> {
     let config = load_config(&cli.config)?;
+    let set = PromptSet::load(&config.prompts).context("invalid prompt set")?;
+    let baselines = count_baselines(&config, &set)?;
     let router = Router::new(&config, &process_env)?;
     let probes = if args.probe {
         // One deadline for the whole check: a hung lane cannot make `check` hang.
@@ -73,13 +81,38 @@ pub async fn run(cli: &Cli, args: &CheckArgs) -> anyhow::Result<i32> {
             let json = CheckJson {
                 config: config.path.display().to_string(),
                 valid: true,
+                prompts: set.prompts.len(),
+                prompt_set_hash: set.hash.clone(),
+                baselines,
                 lanes,
             };
             println!("{}", serde_json::to_string_pretty(&json)?);
         }
-        Format::Text => print_text(&config, &lanes),
+        Format::Text => {
+            print_text(&config, &lanes);
+            println!(
+                "  prompts: {} in {} (set {}), {baselines} baselines in {}",
+                set.prompts.len(),
+                config.prompts.display(),
+                &set.hash[..12],
+                config.snapshots.display()
+            );
+        }
     }
     Ok(if unanswered { EXIT_UNANSWERED } else { EXIT_OK })
+}
+
+/// Reads every baseline of every (lane, prompt), so a broken snapshot fails the check.
+fn count_baselines(config: &Config, set: &PromptSet) -> anyhow::Result<usize> {
+    let mut count = 0;
+    for lane in &config.lanes {
+        for prompt in &set.prompts {
+            if Snapshot::load(&config.snapshots, &lane.name, &prompt.id)?.is_some() {
+                count += 1;
+            }
+        }
+    }
+    Ok(count)
 }
 
 fn print_text(config: &Config, lanes: &[LaneJson]) {

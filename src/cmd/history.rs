@@ -109,7 +109,7 @@ pub fn run(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<i32> {
                     |v: &serde_json::Value| v.as_i64().map_or("-".into(), |n| n.to_string());
                 println!(
                     "{:>5}  {:20}  {:11}  {:10}  {:12}  {:>7}  {:>5}  {:>6}  {:>10}  {:>7}",
-                    row["run_id"],
+                    number(&row["run_id"]),
                     text(&row["started_at"])
                         .chars()
                         .take(19)

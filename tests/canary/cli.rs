@@ -128,6 +128,25 @@ async fn a_bad_config_exits_2_naming_file_line_and_column() {
 }
 
 #[tokio::test]
+async fn check_validates_the_prompt_set_too() {
+    let project = Project::new(
+        &[],
+        &[LaneSpec::new("free", "http://127.0.0.1:9/v1".into())],
+    );
+    project.write_prompts("a.yaml", "- id: same\n  prompt: x\n");
+    project.write_prompts("b.yaml", "- id: same\n  prompt: y\n");
+    let out = canary(&project, &["check"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("duplicate prompt id `same`")
+            && stderr.contains("a.yaml:1")
+            && stderr.contains("b.yaml:1"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
 async fn check_probe_reports_each_lane_and_exits_3_when_one_is_down() {
     let up = TestServer::always(Reply::json(
         200,
@@ -141,6 +160,7 @@ async fn check_probe_reports_each_lane_and_exits_3_when_one_is_down() {
             LaneSpec::new("down", refused_base_url().await),
         ],
     );
+    project.write_prompts("p.yaml", "- id: a\n  prompt: hi\n");
     let valid = canary(&project, &["check"]).await;
     assert_eq!(valid.status.code(), Some(0), "{}", text(&valid.stderr));
     let probed = canary(&project, &["check", "--probe", "--format", "json"]).await;

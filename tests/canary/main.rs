@@ -10,4 +10,7 @@ mod deadlines;
 mod exhaustion;
 mod failures;
 mod kill_switch;
+mod rendering;
+mod review;
 mod router;
+mod starter;
