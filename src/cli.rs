@@ -108,6 +108,18 @@ pub enum Command {
     /// Runs over time: verdict counts, similarity and latency per lane, or one prompt's story.
     History(HistoryArgs),
 
+    /// Stay in the foreground and fire `canary run` at each `schedule.cron` time.
+    ///
+    /// Never two runs at once; a failed run does not stop the schedule; a fire missed while
+    /// canary was down runs once at start if it is within `schedule.catch_up`. On SIGTERM or
+    /// SIGINT it stops scheduling, lets the run in progress finish (up to `schedule.grace`), and
+    /// exits 0.
+    Schedule,
+
+    /// Alert channels.
+    #[command(subcommand)]
+    Alert(AlertCommand),
+
     /// Send one prompt through the shared router: lanes in order, first answer inside the
     /// deadline wins.
     ///
@@ -159,6 +171,15 @@ pub struct CheckArgs {
     /// Also ask each enabled lane's endpoint (GET {base_url}/models), bounded by the deadline.
     #[arg(long)]
     pub probe: bool,
+}
+
+/// `canary alert ...`.
+#[derive(Debug, Subcommand)]
+pub enum AlertCommand {
+    /// Send a test message through every configured channel (email, webhook, heartbeat).
+    ///
+    /// Exit codes: 0 every channel accepted it, 2 some channel failed (each failure is printed).
+    Test,
 }
 
 /// Arguments of `canary run`.

@@ -143,12 +143,18 @@ pub struct DriftConfig {
 }
 
 /// Schedule of `canary schedule`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ScheduleConfig {
-    /// Cron expression.
+    /// Cron expression as written (6/7-field cron syntax or a 5-field crontab line).
     pub cron: String,
+    /// The expression, parsed (numeric days of the week read as crontab reads them).
+    pub schedule: cron::Schedule,
     /// IANA time zone the expression is read in.
-    pub timezone: String,
+    pub timezone: chrono_tz::Tz,
+    /// A fire missed while canary was down runs once at start if it is at most this old.
+    pub catch_up: Duration,
+    /// On SIGTERM/SIGINT, how long the run in progress may take to finish before it is stopped.
+    pub grace: Duration,
 }
 
 /// Alert routing.
@@ -156,8 +162,31 @@ pub struct ScheduleConfig {
 pub struct AlertsConfig {
     /// Lanes whose drift alerts (default: every non-control lane).
     pub lanes: Option<Vec<String>>,
+    /// The same drift is not sent again before this has passed.
+    pub repeat_after: Duration,
     /// Email channel.
     pub email: Option<EmailConfig>,
+    /// Slack-compatible webhook channel.
+    pub webhook: Option<WebhookConfig>,
+    /// Heartbeat pinged at run start, success and failure (healthchecks.io convention).
+    pub heartbeat: Option<HeartbeatConfig>,
+}
+
+/// A Slack-compatible incoming webhook: `POST {"text": ...}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookConfig {
+    /// Env var holding the webhook URL (such URLs are secrets).
+    pub url_env: String,
+}
+
+/// A heartbeat URL: `{url}/start` when a run starts, `{url}` when it measured everything,
+/// `{url}/fail` when it could not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeartbeatConfig {
+    /// The URL, when it is not a secret.
+    pub url: Option<String>,
+    /// Env var holding the URL.
+    pub url_env: Option<String>,
 }
 
 /// Email channel settings.
@@ -184,6 +213,10 @@ pub struct SmtpConfig {
     pub username_env: Option<String>,
     /// Env var with the password.
     pub password_env: Option<String>,
+    /// Extra PEM root certificate(s) to trust, for a relay with a private CA.
+    pub ca_file: Option<PathBuf>,
+    /// Longest a delivery may take.
+    pub timeout: Duration,
 }
 
 /// Transport security of the SMTP connection.
@@ -356,13 +389,13 @@ struct RawDrift {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawSchedule {
-    cron: String,
-    #[serde(default = "default_timezone")]
-    timezone: String,
-}
-
-fn default_timezone() -> String {
-    "UTC".into()
+    cron: Spanned<String>,
+    #[serde(default)]
+    timezone: Option<Spanned<String>>,
+    #[serde(default)]
+    catch_up: Option<HumanDuration>,
+    #[serde(default)]
+    grace: Option<HumanDuration>,
 }
 
 #[derive(Deserialize)]
@@ -371,15 +404,36 @@ struct RawAlerts {
     #[serde(default)]
     lanes: Option<Vec<Spanned<String>>>,
     #[serde(default)]
+    repeat_after: Option<HumanDuration>,
+    #[serde(default)]
     email: Option<RawEmail>,
+    #[serde(default)]
+    webhook: Option<RawWebhook>,
+    #[serde(default)]
+    heartbeat: Option<Spanned<RawHeartbeat>>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawEmail {
     smtp: RawSmtp,
-    from: String,
-    to: Vec<String>,
+    from: Address,
+    to: Vec<Address>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWebhook {
+    url_env: EnvName,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHeartbeat {
+    #[serde(default)]
+    url: Option<BaseUrl>,
+    #[serde(default)]
+    url_env: Option<EnvName>,
 }
 
 #[derive(Deserialize)]
@@ -394,6 +448,10 @@ struct RawSmtp {
     username_env: Option<EnvName>,
     #[serde(default)]
     password_env: Option<EnvName>,
+    #[serde(default)]
+    ca_file: Option<PathBuf>,
+    #[serde(default)]
+    timeout: Option<HumanDuration>,
 }
 
 fn default_smtp_port() -> u16 {
@@ -509,6 +567,13 @@ impl RawConfig {
                     .map_or(MinDrifted::Count(1), |m| m.0),
             },
         };
+        let resolve_path = |p: &PathBuf| {
+            if p.is_absolute() {
+                p.clone()
+            } else {
+                dir.join(p)
+            }
+        };
         let alerts = match &self.alerts {
             None => None,
             Some(raw) => Some(AlertsConfig {
@@ -522,6 +587,9 @@ impl RawConfig {
                             .collect::<Result<Vec<_>, _>>()
                     })
                     .transpose()?,
+                repeat_after: raw
+                    .repeat_after
+                    .map_or(Duration::from_secs(24 * 60 * 60), |d| d.0),
                 email: raw.email.as_ref().map(|e| EmailConfig {
                     smtp: SmtpConfig {
                         host: e.smtp.host.clone(),
@@ -529,11 +597,52 @@ impl RawConfig {
                         security: e.smtp.security,
                         username_env: e.smtp.username_env.as_ref().map(|v| v.0.clone()),
                         password_env: e.smtp.password_env.as_ref().map(|v| v.0.clone()),
+                        ca_file: e.smtp.ca_file.as_ref().map(resolve_path),
+                        timeout: e.smtp.timeout.map_or(Duration::from_secs(30), |d| d.0),
                     },
-                    from: e.from.clone(),
-                    to: e.to.clone(),
+                    from: e.from.0.clone(),
+                    to: e.to.iter().map(|a| a.0.clone()).collect(),
                 }),
+                webhook: raw.webhook.as_ref().map(|w| WebhookConfig {
+                    url_env: w.url_env.0.clone(),
+                }),
+                heartbeat: match &raw.heartbeat {
+                    None => None,
+                    Some(spanned) => {
+                        let h = &spanned.value;
+                        if h.url.is_some() == h.url_env.is_some() {
+                            return Err(invalid_at(
+                                path,
+                                spanned,
+                                "alerts.heartbeat needs exactly one of `url` or `url_env`".into(),
+                            ));
+                        }
+                        Some(HeartbeatConfig {
+                            url: h.url.as_ref().map(|u| u.0.clone()),
+                            url_env: h.url_env.as_ref().map(|e| e.0.clone()),
+                        })
+                    }
+                },
             }),
+        };
+        let schedule = match &self.schedule {
+            None => None,
+            Some(raw) => {
+                let schedule = crate::schedule::parse_expression(&raw.cron.value)
+                    .map_err(|message| invalid_at(path, &raw.cron, message))?;
+                let timezone = match &raw.timezone {
+                    None => chrono_tz::Tz::UTC,
+                    Some(tz) => crate::schedule::parse_timezone(&tz.value)
+                        .map_err(|message| invalid_at(path, tz, message))?,
+                };
+                Some(ScheduleConfig {
+                    cron: raw.cron.value.clone(),
+                    schedule,
+                    timezone,
+                    catch_up: raw.catch_up.map_or(Duration::from_secs(60 * 60), |d| d.0),
+                    grace: raw.grace.map_or(Duration::from_secs(60), |d| d.0),
+                })
+            }
         };
         let lanes = self
             .lanes
@@ -584,10 +693,7 @@ impl RawConfig {
             floor,
             lanes,
             drift,
-            schedule: self.schedule.map(|s| ScheduleConfig {
-                cron: s.cron,
-                timezone: s.timezone,
-            }),
+            schedule,
             alerts,
         })
     }
@@ -751,6 +857,16 @@ parsed_scalar!(HeaderValue(String), |text| {
                 "expected a header value without control characters, found `{}`",
                 text.escape_debug()
             )
+        })
+});
+
+/// An email address (`oncall@example.com` or `On-call <oncall@example.com>`).
+struct Address(String);
+parsed_scalar!(Address(String), |text| {
+    text.parse::<lettre::message::Mailbox>()
+        .map(|_| text.to_string())
+        .map_err(|_| {
+            format!("expected an email address such as oncall@example.com, found `{text}`")
         })
 });
 

@@ -25,6 +25,7 @@ pub mod outcome;
 pub mod prompts;
 pub mod router;
 pub mod run;
+pub mod schedule;
 pub mod snapshot;
 pub mod store;
 pub mod verdict;

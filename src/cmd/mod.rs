@@ -2,12 +2,14 @@
 //! come back as `Err` and are printed once by `main`.
 
 pub mod accept;
+pub mod alert;
 pub mod ask;
 pub mod check;
 pub mod diff;
 pub mod history;
 pub mod review;
 pub mod run;
+pub mod schedule;
 mod verdicts;
 
 use std::path::Path;
@@ -16,7 +18,7 @@ use std::io::IsTerminal;
 
 use anyhow::Context;
 
-use crate::cli::{Cli, ColorChoice, Command};
+use crate::cli::{AlertCommand, Cli, ColorChoice, Command};
 use crate::config::Config;
 
 /// Exit code: success.
@@ -36,6 +38,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Accept(args) => accept::run(&cli, args).await,
         Command::Review(args) => review::run(&cli, args),
         Command::History(args) => history::run(&cli, args),
+        Command::Schedule => schedule::run(&cli).await,
+        Command::Alert(AlertCommand::Test) => alert::test(&cli).await,
     }
 }
 

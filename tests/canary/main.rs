@@ -13,4 +13,5 @@ mod kill_switch;
 mod rendering;
 mod review;
 mod router;
+mod schedule;
 mod starter;
