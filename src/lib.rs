@@ -10,6 +10,7 @@
 //! - [`cmd`]: the commands.
 
 pub mod accept;
+pub mod alert;
 pub mod audit;
 pub mod checks;
 pub mod cli;
@@ -18,11 +19,13 @@ pub mod completion;
 pub mod config;
 pub mod deadline;
 pub mod diff;
+pub mod html;
 pub mod judge;
 pub mod lane;
 pub mod metrics;
 pub mod outcome;
 pub mod prompts;
+pub mod report;
 pub mod router;
 pub mod run;
 pub mod schedule;

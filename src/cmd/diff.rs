@@ -2,10 +2,11 @@
 
 use anyhow::Context;
 
-use super::{color_enabled, emit, load_config, verdicts};
+use super::{color_enabled, emit, load_config};
 use crate::cli::{Cli, DiffArgs, Format};
 use crate::judge::{Against, Judge};
 use crate::prompts::PromptSet;
+use crate::report;
 use crate::store::Store;
 use crate::verdict::Verdict;
 
@@ -40,7 +41,7 @@ pub fn run(cli: &Cli, args: &DiffArgs) -> anyhow::Result<i32> {
                 .retain(|i| args.prompts.contains(&i.judgement.id));
         }
     }
-    let latency = verdicts::latency(&store.results(run.id)?);
+    let latency = report::latency(&store.results(run.id)?);
     let drifted = judgement.lanes.iter().any(|lane| {
         lane.items
             .iter()
@@ -49,7 +50,7 @@ pub fn run(cli: &Cli, args: &DiffArgs) -> anyhow::Result<i32> {
     match cli.format {
         Format::Json => emit(&format!(
             "{}\n",
-            serde_json::to_string_pretty(&verdicts::to_json(&judgement, &latency))?
+            serde_json::to_string_pretty(&report::to_json(&judgement, &latency))?
         ))?,
         Format::Text => {
             let color = color_enabled(cli.color);
@@ -61,15 +62,15 @@ pub fn run(cli: &Cli, args: &DiffArgs) -> anyhow::Result<i32> {
                 "run {} ({}, {}) against {against_text}\n\n",
                 run.id, run.started_at, run.status
             );
-            text.push_str(&verdicts::table(&judgement, &latency));
+            text.push_str(&report::table(&judgement, &latency));
             for lane in &judgement.lanes {
                 for item in lane
                     .items
                     .iter()
-                    .filter(|i| verdicts::shows_diff(i, args.all))
+                    .filter(|i| report::shows_diff(i, args.all))
                 {
                     text.push('\n');
-                    text.push_str(&verdicts::item(&lane.lane, item, run.id, color));
+                    text.push_str(&report::item(&lane.lane, item, run.id, color));
                 }
             }
             if drifted {

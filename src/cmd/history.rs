@@ -2,8 +2,9 @@
 
 use serde_json::json;
 
-use super::{load_config, verdicts};
+use super::load_config;
 use crate::cli::{Cli, Format, HistoryArgs};
+use crate::report;
 use crate::store::Store;
 use crate::verdict::Verdict;
 
@@ -21,7 +22,7 @@ pub fn run(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<i32> {
     for run in &runs {
         let verdict_rows = store.verdicts(run.id)?;
         let results = store.results(run.id)?;
-        let latency = verdicts::latency(&results);
+        let latency = report::latency(&results);
         let lane_verdicts = store.lane_verdicts(run.id)?;
         for lane in &run.lanes {
             if args.lane.as_ref().is_some_and(|l| l != lane) {

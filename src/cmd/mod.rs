@@ -10,7 +10,6 @@ pub mod history;
 pub mod review;
 pub mod run;
 pub mod schedule;
-mod verdicts;
 
 use std::path::Path;
 
@@ -52,6 +51,30 @@ pub fn load_config(path: &Path) -> anyhow::Result<Config> {
         );
     }
     Config::load(path).context("invalid configuration")
+}
+
+/// Resolves on Ctrl-C or SIGTERM: how `run` and `schedule` learn they should stop.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
 }
 
 /// Writes `text` to stdout. A reader that went away (`canary diff | head`) is not an error.

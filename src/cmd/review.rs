@@ -5,11 +5,12 @@ use std::io::{IsTerminal, Write};
 use anyhow::Context;
 use console::{Key, Term};
 
-use super::{EXIT_ERROR, color_enabled, load_config, verdicts};
+use super::{EXIT_ERROR, color_enabled, load_config};
 use crate::accept::{Acceptance, accept_run};
 use crate::cli::{Cli, ReviewArgs};
 use crate::judge::{Against, Judge, JudgedItem};
 use crate::prompts::PromptSet;
+use crate::report;
 use crate::store::Store;
 use crate::verdict::Verdict;
 
@@ -126,7 +127,7 @@ pub fn review_loop(
         let (lane, item) = pending[index];
         writeln!(out, "\n[{}/{}] ", index + 1, pending.len())?;
         if show_diff {
-            write!(out, "{}", verdicts::item(lane, item, run_id, color))?;
+            write!(out, "{}", report::item(lane, item, run_id, color))?;
         } else {
             writeln!(
                 out,

@@ -2,10 +2,13 @@
 
 use anyhow::Context;
 
-use super::{color_enabled, load_config, process_env, verdicts};
+use super::{color_enabled, load_config, process_env};
+use crate::alert;
+use crate::alert::heartbeat::{Beat, Heartbeat};
 use crate::cli::{Cli, Format, RunArgs};
 use crate::judge::{Against, Judge};
 use crate::prompts::PromptSet;
+use crate::report;
 use crate::router::Router;
 use crate::run::{execute, plan};
 use crate::store::Store;
@@ -49,13 +52,24 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<i32> {
         plan.samples
     );
 
+    let heartbeat = if args.no_alert {
+        None
+    } else {
+        heartbeat(&config)
+    };
+    if let Some(heartbeat) = &heartbeat {
+        beat(heartbeat, Beat::Start).await;
+    }
     let stored = tokio::select! {
         stored = execute(&plan, run_id, &config, &router, &mut store) => stored?,
         // Results are committed one by one, so stopping here loses nothing that finished.
-        () = shutdown_signal() => {
+        () = super::shutdown_signal() => {
             let kept = store.results(run_id).map(|r| r.len()).unwrap_or(0);
             store.mark_interrupted()?;
             eprintln!("interrupted: run {run_id} stopped; {kept} finished results are kept in {}", config.store.display());
+            if let Some(heartbeat) = &heartbeat {
+                beat(heartbeat, Beat::Failure).await;
+            }
             return Ok(EXIT_INTERRUPTED);
         }
     };
@@ -89,7 +103,7 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<i32> {
     store.finish_run(run_id, &items, &lanes, exit_code)?;
 
     let results = store.results(run_id)?;
-    let latency = verdicts::latency(&results);
+    let latency = report::latency(&results);
     if let Some(path) = &config.metrics_file
         && let Err(err) =
             crate::metrics::write_file(path, &metrics_text(&router, &judgement, run_id))
@@ -98,7 +112,7 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<i32> {
     }
     match cli.format {
         Format::Json => {
-            let mut json = verdicts::to_json(&judgement, &latency);
+            let mut json = report::to_json(&judgement, &latency);
             json["results"] = serde_json::json!(stored);
             json["skipped_lanes"] = serde_json::json!(
                 plan.skipped
@@ -114,7 +128,7 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<i32> {
                 "run {run_id}: {stored} results in {}",
                 config.store.display()
             );
-            print!("{}", verdicts::table(&judgement, &latency));
+            print!("{}", report::table(&judgement, &latency));
             let drifted: Vec<String> = judgement
                 .lanes
                 .iter()
@@ -158,33 +172,44 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<i32> {
             }
         }
     }
+    // Alerts come after the results and verdicts are committed: a failed delivery loses
+    // nothing, stays pending for the next run, and never changes the exit code.
     if args.no_alert {
         tracing::debug!("--no-alert: no alerts for run {run_id}");
+    } else {
+        match alert::channels(&config, &process_env) {
+            Ok(channels) => {
+                if let Err(err) =
+                    alert::after_run(&config, &store, &judgement, &channels, chrono::Utc::now())
+                        .await
+                {
+                    tracing::warn!("alerts of run {run_id} could not be stored: {err}");
+                }
+            }
+            Err(err) => tracing::warn!("alerts are not set up, none sent for run {run_id}: {err}"),
+        }
+        if let Some(heartbeat) = &heartbeat {
+            beat(heartbeat, Heartbeat::for_exit_code(exit_code)).await;
+        }
     }
     Ok(exit_code)
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
+/// The configured heartbeat, if any; a broken one is logged, never fatal.
+fn heartbeat(config: &crate::config::Config) -> Option<Heartbeat> {
+    let settings = config.alerts.as_ref()?.heartbeat.as_ref()?;
+    match Heartbeat::new(settings, &process_env) {
+        Ok(heartbeat) => Some(heartbeat),
+        Err(err) => {
+            tracing::warn!("{err}; no heartbeat pings");
+            None
         }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
+    }
+}
+
+async fn beat(heartbeat: &Heartbeat, beat: Beat) {
+    if let Err(err) = heartbeat.ping(beat).await {
+        tracing::warn!("{err}");
     }
 }
 

@@ -66,17 +66,24 @@ pub const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (run_id, lane)
     ) WITHOUT ROWID;
 
+    -- One row per alert and channel. An alert is stored before it is sent, and stays `pending`
+    -- with its last error until a delivery succeeds: a failed send never loses it.
     CREATE TABLE alerts (
         id          INTEGER PRIMARY KEY,
         run_id      INTEGER NOT NULL REFERENCES runs(id),
         lane        TEXT    NOT NULL,
-        kind        TEXT    NOT NULL,
+        kind        TEXT    NOT NULL CHECK (kind IN ('drift', 'recovered')),
+        signature   TEXT    NOT NULL,  -- what drifted; the same drift is not re-sent early
         channel     TEXT    NOT NULL,
         status      TEXT    NOT NULL CHECK (status IN ('pending', 'sent')),
+        subject     TEXT    NOT NULL,
+        body_text   TEXT    NOT NULL,
+        body_html   TEXT    NOT NULL,
         error       TEXT,
         attempts    INTEGER NOT NULL DEFAULT 0,
         created_at  TEXT    NOT NULL,
         sent_at     TEXT
     );
+    CREATE INDEX alerts_by_lane ON alerts (lane, id);
     "#,
 ];

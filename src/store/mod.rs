@@ -156,6 +156,58 @@ pub struct VerdictRow {
     pub reasons: Vec<String>,
 }
 
+/// An alert to store for one channel.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewAlert<'a> {
+    /// The run that raised it.
+    pub run_id: i64,
+    /// The lane it is about.
+    pub lane: &'a str,
+    /// `drift` or `recovered`.
+    pub kind: &'a str,
+    /// What drifted, so the same drift is recognised next time.
+    pub signature: &'a str,
+    /// `email`, `webhook`, ...
+    pub channel: &'a str,
+    /// Subject line.
+    pub subject: &'a str,
+    /// Plain-text body.
+    pub body_text: &'a str,
+    /// HTML body.
+    pub body_html: &'a str,
+}
+
+/// A stored alert of one channel.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AlertRow {
+    /// Row id.
+    pub id: i64,
+    /// The run that raised it.
+    pub run_id: i64,
+    /// The lane it is about.
+    pub lane: String,
+    /// `drift` or `recovered`.
+    pub kind: String,
+    /// What drifted.
+    pub signature: String,
+    /// Channel.
+    pub channel: String,
+    /// `pending` or `sent`.
+    pub status: String,
+    /// Subject line.
+    pub subject: String,
+    /// Plain-text body.
+    pub body_text: String,
+    /// HTML body.
+    pub body_html: String,
+    /// Last delivery error.
+    pub error: Option<String>,
+    /// Delivery attempts so far.
+    pub attempts: i64,
+    /// When it was raised (RFC 3339).
+    pub created_at: String,
+}
+
 /// The SQLite store.
 pub struct Store {
     conn: Connection,
@@ -484,6 +536,97 @@ impl Store {
             .map_err(|e| self.err(e))?;
         let rows = stmt
             .query_map([run_id], |row| Ok((row.get(0)?, row.get(1)?)))
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| self.err(e))?;
+        Ok(rows)
+    }
+
+    /// Stores a pending alert; returns its id.
+    pub fn insert_alert(&self, alert: &NewAlert<'_>) -> Result<i64, StoreError> {
+        self.conn
+            .execute(
+                "INSERT INTO alerts (run_id, lane, kind, signature, channel, status, subject,
+                     body_text, body_html, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?9)",
+                params![
+                    alert.run_id,
+                    alert.lane,
+                    alert.kind,
+                    alert.signature,
+                    alert.channel,
+                    alert.subject,
+                    alert.body_text,
+                    alert.body_html,
+                    now()
+                ],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    /// Records a delivery attempt: sent, or still pending with the error.
+    pub fn record_delivery(&self, id: i64, error: Option<&str>) -> Result<(), StoreError> {
+        let result = match error {
+            None => self.conn.execute(
+                "UPDATE alerts SET status = 'sent', sent_at = ?2, error = NULL,
+                     attempts = attempts + 1 WHERE id = ?1",
+                params![id, now()],
+            ),
+            Some(error) => self.conn.execute(
+                "UPDATE alerts SET error = ?2, attempts = attempts + 1 WHERE id = ?1",
+                params![id, error],
+            ),
+        };
+        result.map(|_| ()).map_err(|e| self.err(e))
+    }
+
+    /// Alerts not delivered yet, oldest first.
+    pub fn pending_alerts(&self) -> Result<Vec<AlertRow>, StoreError> {
+        self.alerts_where("status = 'pending' ORDER BY id", [])
+    }
+
+    /// The newest alert raised for a lane (any channel, sent or pending).
+    pub fn last_alert(&self, lane: &str) -> Result<Option<AlertRow>, StoreError> {
+        Ok(self
+            .alerts_where("lane = ?1 ORDER BY id DESC LIMIT 1", [lane])?
+            .pop())
+    }
+
+    /// Every alert of a run.
+    pub fn alerts_of_run(&self, run_id: i64) -> Result<Vec<AlertRow>, StoreError> {
+        self.alerts_where("run_id = ?1 ORDER BY id", [run_id])
+    }
+
+    fn alerts_where<P: rusqlite::Params>(
+        &self,
+        filter: &str,
+        params: P,
+    ) -> Result<Vec<AlertRow>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT id, run_id, lane, kind, signature, channel, status, subject, body_text,
+                        body_html, error, attempts, created_at FROM alerts WHERE {filter}"
+            ))
+            .map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map(params, |row| {
+                Ok(AlertRow {
+                    id: row.get(0)?,
+                    run_id: row.get(1)?,
+                    lane: row.get(2)?,
+                    kind: row.get(3)?,
+                    signature: row.get(4)?,
+                    channel: row.get(5)?,
+                    status: row.get(6)?,
+                    subject: row.get(7)?,
+                    body_text: row.get(8)?,
+                    body_html: row.get(9)?,
+                    error: row.get(10)?,
+                    attempts: row.get(11)?,
+                    created_at: row.get(12)?,
+                })
+            })
             .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
             .map_err(|e| self.err(e))?;
         Ok(rows)

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod alerts;
 mod audit;
 mod canary_run;
 mod cli;
@@ -10,8 +11,10 @@ mod deadlines;
 mod exhaustion;
 mod failures;
 mod kill_switch;
+mod recipes;
 mod rendering;
 mod review;
 mod router;
 mod schedule;
+mod smtp;
 mod starter;

@@ -1,5 +1,5 @@
-//! How `run` and `diff` show a judged run: a verdict table, per-item reasons and diffs, and the
-//! contract's JSON object.
+//! How a judged run is shown: a verdict table, per-item reasons and diffs, and the contract's
+//! JSON object. Used by `run`, `diff`, `review` and the alerts.
 
 use std::collections::BTreeMap;
 

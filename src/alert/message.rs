@@ -1,0 +1,186 @@
+//! What an alert says: subject, plain text and HTML, built from a judged lane.
+
+use std::fmt::Write as _;
+
+use crate::html;
+use crate::judge::JudgedLane;
+use crate::report;
+use crate::verdict::Verdict;
+
+/// One alert message, the same for every channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// Subject line (email subject, first line of a webhook post).
+    pub subject: String,
+    /// Plain-text body.
+    pub text: String,
+    /// HTML body; everything from a lane is escaped.
+    pub html: String,
+}
+
+/// A lane drifted: how many prompts, the reasons, the diffs, and the commands to review.
+pub fn drift(run_id: i64, lane: &JudgedLane) -> Message {
+    let drifted: Vec<_> = lane
+        .items
+        .iter()
+        .filter(|i| i.judgement.verdict == Verdict::Drifted && !i.judgement.review)
+        .collect();
+    let judged = lane
+        .items
+        .iter()
+        .filter(|i| {
+            matches!(
+                i.judgement.verdict,
+                Verdict::Unchanged | Verdict::WithinNoise | Verdict::Drifted
+            )
+        })
+        .count();
+    let identity: Vec<&String> = lane
+        .reasons
+        .iter()
+        .filter(|r| r.contains(" changed on "))
+        .collect();
+    let mut what = Vec::new();
+    if !identity.is_empty() {
+        what.push("identity changed".to_string());
+    }
+    if !drifted.is_empty() {
+        let noun = if drifted.len() == 1 {
+            "prompt"
+        } else {
+            "prompts"
+        };
+        what.push(format!("{} of {judged} {noun} drifted", drifted.len()));
+    }
+    let subject = format!("[canary] {}: {} (run {run_id})", lane.lane, what.join(", "));
+
+    let review = format!("canary diff --run {run_id} --lane {}", lane.lane);
+    let accept = format!("canary accept --run {run_id} --lane {}", lane.lane);
+    let mut text = format!("canary: lane {} drifted in run {run_id}.\n\n", lane.lane);
+    for reason in &lane.reasons {
+        let _ = writeln!(text, "  - {reason}");
+    }
+    text.push('\n');
+    text.push_str(&lane_table_text(lane));
+    for item in &drifted {
+        text.push('\n');
+        text.push_str(&report::item(&lane.lane, item, run_id, false));
+    }
+    let _ = write!(
+        text,
+        "\nReview:  {review}\nAccept what is right:  {accept}\n"
+    );
+
+    let mut body = format!(
+        "<p>canary: lane <b>{}</b> drifted in run {run_id}.</p><ul>",
+        html::escape(&lane.lane)
+    );
+    for reason in &lane.reasons {
+        let _ = write!(body, "<li>{}</li>", html::escape(reason));
+    }
+    body.push_str("</ul>");
+    body.push_str(&html::lane_table(lane));
+    for item in &drifted {
+        let j = &item.judgement;
+        let _ = write!(
+            body,
+            "<h3>{} / {}: {}",
+            html::escape(&lane.lane),
+            html::escape(&j.id),
+            j.verdict
+        );
+        if let Some(sim) = j.similarity {
+            let _ = write!(body, " (similarity {sim:.2})");
+        }
+        body.push_str("</h3><ul>");
+        for reason in &j.reasons {
+            let _ = write!(body, "<li>{}</li>", html::escape(reason));
+        }
+        body.push_str("</ul>");
+        if let (Some(baseline), Some(output)) = (
+            &item.baseline,
+            item.samples.iter().find_map(|s| s.output.as_deref()),
+        ) {
+            body.push_str(&html::diff_table(
+                &baseline.text,
+                output,
+                &format!("baseline ({})", baseline.origin),
+                &format!("run {run_id}"),
+            ));
+        }
+    }
+    let _ = write!(
+        body,
+        "<p>Review: <code>{}</code><br>Accept what is right: <code>{}</code></p>",
+        html::escape(&review),
+        html::escape(&accept)
+    );
+    Message {
+        subject,
+        text,
+        html: wrap(&body),
+    }
+}
+
+/// A lane that drifted before measures within its baselines again.
+pub fn recovered(run_id: i64, lane: &JudgedLane) -> Message {
+    let subject = format!(
+        "[canary] {}: recovered, no drift in run {run_id}",
+        lane.lane
+    );
+    let text = format!(
+        "canary: lane {} no longer drifts (run {run_id}, verdict {}).\n\n{}",
+        lane.lane,
+        lane.verdict,
+        lane_table_text(lane)
+    );
+    let html = wrap(&format!(
+        "<p>canary: lane <b>{}</b> no longer drifts (run {run_id}, verdict {}).</p>{}",
+        html::escape(&lane.lane),
+        lane.verdict,
+        html::lane_table(lane)
+    ));
+    Message {
+        subject,
+        text,
+        html,
+    }
+}
+
+/// The message of `canary alert test`.
+pub fn test(config_path: &str) -> Message {
+    let subject = "[canary] test alert".to_string();
+    let text = format!(
+        "This is a test alert from canary ({config_path}).\nIf you can read it, drift alerts will reach you here.\n"
+    );
+    let html = wrap(&format!(
+        "<p>This is a test alert from canary (<code>{}</code>).</p><p>If you can read it, drift alerts will reach you here.</p>",
+        html::escape(config_path)
+    ));
+    Message {
+        subject,
+        text,
+        html,
+    }
+}
+
+fn lane_table_text(lane: &JudgedLane) -> String {
+    let mut out = String::new();
+    for verdict in Verdict::ALL {
+        let n = lane
+            .items
+            .iter()
+            .filter(|i| i.judgement.verdict == verdict)
+            .count();
+        if n > 0 {
+            let _ = write!(out, "{verdict}: {n}  ");
+        }
+    }
+    format!("{}: {}  ({})\n", lane.lane, lane.verdict, out.trim_end())
+}
+
+fn wrap(body: &str) -> String {
+    format!(
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"></head><body style=\"font-family:sans-serif\">{body}</body></html>"
+    )
+}
