@@ -108,6 +108,17 @@ pub enum Command {
     /// Runs over time: verdict counts, similarity and latency per lane, or one prompt's story.
     History(HistoryArgs),
 
+    /// Write a self-contained HTML report of a run: verdicts, reasons and diffs.
+    #[command(
+        after_help = "Examples:\n  canary report -o report.html\n  canary report --run 12 -o /var/www/canary/latest.html"
+    )]
+    Report(ReportArgs),
+
+    /// Scaffold a canary project: canary.yaml, the starter prompt set and snapshots/.
+    ///
+    /// Never overwrites: existing files are left alone and listed.
+    Init(InitArgs),
+
     /// Stay in the foreground and fire `canary run` at each `schedule.cron` time.
     ///
     /// Never two runs at once; a failed run does not stop the schedule; a fire missed while
@@ -252,6 +263,26 @@ pub struct ReviewArgs {
     /// The run to review (default: the latest).
     #[arg(long, value_name = "ID")]
     pub run: Option<i64>,
+}
+
+/// Arguments of `canary report`.
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// The run to report (default: the latest).
+    #[arg(long, value_name = "ID")]
+    pub run: Option<i64>,
+
+    /// Where to write the HTML file.
+    #[arg(short, long, value_name = "FILE.html")]
+    pub output: std::path::PathBuf,
+}
+
+/// Arguments of `canary init`.
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    /// Folder of the new project (created if needed).
+    #[arg(default_value = ".")]
+    pub dir: std::path::PathBuf,
 }
 
 /// Arguments of `canary history`.

@@ -7,6 +7,8 @@ pub mod ask;
 pub mod check;
 pub mod diff;
 pub mod history;
+pub mod init;
+pub mod report;
 pub mod review;
 pub mod run;
 pub mod schedule;
@@ -37,6 +39,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Accept(args) => accept::run(&cli, args).await,
         Command::Review(args) => review::run(&cli, args),
         Command::History(args) => history::run(&cli, args),
+        Command::Report(args) => report::run(&cli, args),
+        Command::Init(args) => init::run(args),
         Command::Schedule => schedule::run(&cli).await,
         Command::Alert(AlertCommand::Test) => alert::test(&cli).await,
     }

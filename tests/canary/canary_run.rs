@@ -525,3 +525,132 @@ async fn review_without_a_terminal_refuses_and_prints_the_commands() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn each_run_rewrites_the_prometheus_metrics_file() {
+    let behaviour = behaviour();
+    let server = model_server(behaviour.clone()).await;
+    let project = Project::new(
+        &["metrics_file: metrics/canary.prom"],
+        &[LaneSpec::new("local", server.base_url())],
+    );
+    project.write_prompts("set.yaml", PROMPTS);
+    canary(&project, &["run"]).await;
+    canary(&project, &["accept"]).await;
+    behaviour.lock().unwrap().reworded = true;
+    let out = canary(&project, &["run"]).await;
+    assert_eq!(out.status.code(), Some(1));
+
+    let metrics = std::fs::read_to_string(project.file("metrics/canary.prom")).unwrap();
+    assert!(metrics.contains("canary_last_run_id 2\n"), "{metrics}");
+    assert!(
+        metrics.contains("canary_last_run_exit_code 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("canary_prompts{lane=\"local\",verdict=\"drifted\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("canary_lane_drifted{lane=\"local\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("canary_lane_call_seconds_count{lane=\"local\",outcome=\"served\"} 3"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("canary_lane_state{lane=\"local\",state=\"closed\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        !project.file("metrics/canary.prom.tmp").exists(),
+        "written through a temp file and renamed"
+    );
+}
+
+#[tokio::test]
+async fn report_writes_one_self_contained_html_page() {
+    let behaviour = behaviour();
+    let server = model_server(behaviour.clone()).await;
+    let project = one_lane(server.base_url());
+    canary(&project, &["run"]).await;
+    canary(&project, &["accept"]).await;
+    behaviour.lock().unwrap().reworded = true;
+    canary(&project, &["run"]).await;
+
+    let out = canary(
+        &project,
+        &[
+            "report",
+            "-o",
+            project.file("out/report.html").to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let page = std::fs::read_to_string(project.file("out/report.html")).unwrap();
+    assert!(
+        page.starts_with("<!DOCTYPE html>") && page.contains("canary run 2"),
+        "{page}"
+    );
+    assert!(page.contains("lane local: drifted"), "{page}");
+    assert!(page.contains("answer changed: yes → no"), "{page}");
+    assert!(
+        page.contains("background:#fdd") && page.contains("famous"),
+        "{page}"
+    );
+    assert!(
+        !page.contains("<script") && !page.contains("<link"),
+        "self-contained, nothing to load"
+    );
+}
+
+#[tokio::test]
+async fn init_scaffolds_a_project_that_checks_and_never_overwrites() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("new-canary");
+    let run_init = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_canary"))
+            .arg("init")
+            .arg(&target)
+            .output()
+            .unwrap()
+    };
+    let first = run_init();
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    assert!(target.join("prompts/facts.yaml").exists() && target.join("snapshots").is_dir());
+    assert_eq!(
+        std::fs::read_to_string(target.join(".gitignore")).unwrap(),
+        ".canary/\n"
+    );
+    let checked = std::process::Command::new(env!("CARGO_BIN_EXE_canary"))
+        .arg("-c")
+        .arg(target.join("canary.yaml"))
+        .arg("check")
+        .output()
+        .unwrap();
+    assert_eq!(checked.status.code(), Some(0), "{}", text(&checked.stderr));
+    assert!(
+        text(&checked.stdout).contains("prompts: 13"),
+        "{}",
+        text(&checked.stdout)
+    );
+
+    std::fs::write(target.join("canary.yaml"), "# mine\n").unwrap();
+    let second = run_init();
+    assert_eq!(second.status.code(), Some(0));
+    assert!(
+        text(&second.stdout).contains("kept"),
+        "{}",
+        text(&second.stdout)
+    );
+    assert_eq!(
+        std::fs::read_to_string(target.join("canary.yaml")).unwrap(),
+        "# mine\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(target.join(".gitignore")).unwrap(),
+        ".canary/\n"
+    );
+}
