@@ -11,6 +11,7 @@ mod deadlines;
 mod exhaustion;
 mod failures;
 mod kill_switch;
+mod real_model;
 mod recipes;
 mod rendering;
 mod review;
