@@ -259,6 +259,17 @@ impl Config {
 
 /// Turns a YAML error into a located config error with a plain message.
 fn yaml_error(path: &Path, err: &serde_saphyr::Error) -> ConfigError {
+    let (line, column, message) = located(err);
+    ConfigError::Invalid {
+        path: path.to_path_buf(),
+        line,
+        column,
+        message,
+    }
+}
+
+/// Line, column and plain message of a YAML error, for `file:line:column: message` errors.
+pub fn located(err: &serde_saphyr::Error) -> (u64, u64, String) {
     let (line, column) = err
         .location()
         .map(|loc| (loc.line(), loc.column()))
@@ -269,12 +280,7 @@ fn yaml_error(path: &Path, err: &serde_saphyr::Error) -> ConfigError {
         Some(cut) => message[..cut].to_string(),
         None => message,
     };
-    ConfigError::Invalid {
-        path: path.to_path_buf(),
-        line,
-        column,
-        message,
-    }
+    (line, column, message)
 }
 
 fn invalid_at<T>(path: &Path, spanned: &Spanned<T>, message: String) -> ConfigError {

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::diff::{LineKind, hunks};
-use crate::judge::JudgedLane;
+use crate::judge::{JudgedItem, JudgedLane};
 use crate::verdict::Verdict;
 
 /// Escapes text for HTML element content and attribute values.
@@ -71,6 +71,47 @@ pub fn diff_table(old: &str, new: &str, old_label: &str, new_label: &str) -> Str
         }
     }
     out.push_str("</table>");
+    out
+}
+
+/// One judged item: heading, reasons, and the diff of baseline vs output (or the output alone
+/// when there is no baseline to compare with).
+pub fn item(lane: &str, item: &JudgedItem, run_id: i64) -> String {
+    let j = &item.judgement;
+    let mut out = format!("<h3>{} / {}: {}", escape(lane), escape(&j.id), j.verdict);
+    if let Some(sim) = j.similarity {
+        let _ = write!(out, " (similarity {sim:.2})");
+    }
+    if j.review {
+        out.push_str(" [for review]");
+    }
+    out.push_str("</h3>");
+    if !j.reasons.is_empty() {
+        out.push_str("<ul>");
+        for reason in &j.reasons {
+            let _ = write!(out, "<li>{}</li>", escape(reason));
+        }
+        out.push_str("</ul>");
+    }
+    let output = item.samples.iter().find_map(|s| s.output.as_deref());
+    match (&item.baseline, output) {
+        (Some(baseline), Some(output)) if j.verdict != Verdict::Unchanged => {
+            out.push_str(&diff_table(
+                &baseline.text,
+                output,
+                &format!("baseline ({})", baseline.origin),
+                &format!("run {run_id}"),
+            ));
+        }
+        (None, Some(output)) => {
+            let _ = write!(
+                out,
+                "<pre style=\"white-space:pre-wrap\">{}</pre>",
+                escape(output)
+            );
+        }
+        _ => {}
+    }
     out
 }
 

@@ -151,15 +151,7 @@ impl PromptSet {
 /// Parses one prompt file.
 pub fn parse_file(path: &Path, text: &str) -> Result<Vec<Prompt>, PromptError> {
     let raw: Vec<RawPrompt> = serde_saphyr::from_str(text).map_err(|err| {
-        let (line, column) = err
-            .location()
-            .map(|loc| (loc.line(), loc.column()))
-            .unwrap_or((0, 0));
-        let message = err.without_snippet().to_string();
-        let message = match message.rfind(" at line ") {
-            Some(cut) => message[..cut].to_string(),
-            None => message,
-        };
+        let (line, column, message) = crate::config::located(&err);
         PromptError::Invalid {
             path: path.to_path_buf(),
             line,

@@ -81,33 +81,7 @@ pub fn drift(run_id: i64, lane: &JudgedLane) -> Message {
     body.push_str("</ul>");
     body.push_str(&html::lane_table(lane));
     for item in &drifted {
-        let j = &item.judgement;
-        let _ = write!(
-            body,
-            "<h3>{} / {}: {}",
-            html::escape(&lane.lane),
-            html::escape(&j.id),
-            j.verdict
-        );
-        if let Some(sim) = j.similarity {
-            let _ = write!(body, " (similarity {sim:.2})");
-        }
-        body.push_str("</h3><ul>");
-        for reason in &j.reasons {
-            let _ = write!(body, "<li>{}</li>", html::escape(reason));
-        }
-        body.push_str("</ul>");
-        if let (Some(baseline), Some(output)) = (
-            &item.baseline,
-            item.samples.iter().find_map(|s| s.output.as_deref()),
-        ) {
-            body.push_str(&html::diff_table(
-                &baseline.text,
-                output,
-                &format!("baseline ({})", baseline.origin),
-                &format!("run {run_id}"),
-            ));
-        }
+        body.push_str(&html::item(&lane.lane, item, run_id));
     }
     let _ = write!(
         body,

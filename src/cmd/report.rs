@@ -10,7 +10,6 @@ use crate::html;
 use crate::judge::{Against, Judge, RunJudgement};
 use crate::prompts::PromptSet;
 use crate::store::{RunRow, Store};
-use crate::verdict::Verdict;
 
 /// Runs `canary report`.
 pub fn run(cli: &Cli, args: &ReportArgs) -> anyhow::Result<i32> {
@@ -62,47 +61,7 @@ pub fn render(run: &RunRow, judgement: &RunJudgement) -> String {
         }
         body.push_str(&html::lane_table(lane));
         for item in &lane.items {
-            let j = &item.judgement;
-            let _ = write!(
-                body,
-                "<h3>{} / {}: {}",
-                html::escape(&lane.lane),
-                html::escape(&j.id),
-                j.verdict
-            );
-            if let Some(sim) = j.similarity {
-                let _ = write!(body, " (similarity {sim:.2})");
-            }
-            if j.review {
-                body.push_str(" [for review]");
-            }
-            body.push_str("</h3>");
-            if !j.reasons.is_empty() {
-                body.push_str("<ul>");
-                for reason in &j.reasons {
-                    let _ = write!(body, "<li>{}</li>", html::escape(reason));
-                }
-                body.push_str("</ul>");
-            }
-            let output = item.samples.iter().find_map(|s| s.output.as_deref());
-            match (&item.baseline, output) {
-                (Some(baseline), Some(output)) if j.verdict != Verdict::Unchanged => {
-                    body.push_str(&html::diff_table(
-                        &baseline.text,
-                        output,
-                        &format!("baseline ({})", baseline.origin),
-                        &format!("run {}", run.id),
-                    ));
-                }
-                (_, Some(output)) => {
-                    let _ = write!(
-                        body,
-                        "<pre style=\"white-space:pre-wrap\">{}</pre>",
-                        html::escape(output)
-                    );
-                }
-                _ => {}
-            }
+            body.push_str(&html::item(&lane.lane, item, run.id));
         }
     }
     format!(
