@@ -185,6 +185,13 @@ fn judge_run(judge: &Judge<'_>, run_id: i64, against: Against) -> Result<RunJudg
                     .and_then(|results| baseline_from_run(prompt, results)),
             };
             let samples: Vec<Sample> = stored.iter().map(sample_of).collect();
+            // Judge the run by the prompt as it was sent then: a baseline of another version
+            // of the prompt is stale for this run, whatever the prompt says today.
+            let as_run = Prompt {
+                hash: stored[0].prompt_hash.clone(),
+                ..(*prompt).clone()
+            };
+            let prompt = &as_run;
             let judgement = judge_item(prompt, rules, baseline.as_ref(), &samples);
             if let Some(baseline) = &baseline
                 && baseline.prompt_hash == prompt.hash

@@ -32,21 +32,31 @@ pub trait Channel: Send + Sync {
 }
 
 /// The channels the config sets up. `env` reads the env vars that hold their secrets.
+///
+/// Each channel is set up on its own: one that cannot be (a missing env var, an unreadable CA
+/// file) is returned among the errors and the others still work.
 pub fn channels(
     config: &Config,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Vec<Box<dyn Channel>>, String> {
+) -> (Vec<Box<dyn Channel>>, Vec<String>) {
     let mut channels: Vec<Box<dyn Channel>> = Vec::new();
+    let mut broken = Vec::new();
     let Some(alerts) = &config.alerts else {
-        return Ok(channels);
+        return (channels, broken);
     };
     if let Some(email) = &alerts.email {
-        channels.push(Box::new(email::EmailChannel::new(email, env)?));
+        match email::EmailChannel::new(email, env) {
+            Ok(channel) => channels.push(Box::new(channel)),
+            Err(err) => broken.push(err),
+        }
     }
     if let Some(webhook) = &alerts.webhook {
-        channels.push(Box::new(webhook::WebhookChannel::new(webhook, env)?));
+        match webhook::WebhookChannel::new(webhook, env) {
+            Ok(channel) => channels.push(Box::new(channel)),
+            Err(err) => broken.push(err),
+        }
     }
-    Ok(channels)
+    (channels, broken)
 }
 
 /// Lanes whose drift alerts: `alerts.lanes`, or every lane but the control lane.
@@ -74,12 +84,15 @@ pub struct Outcome {
 }
 
 /// After a run is committed: retries pending alerts, raises this run's, and delivers them.
+/// `complete` is false when the run covered only some prompts (`--prompt`): such a run can
+/// raise a lane's first drift alert, never a recovery or a changed-drift alert.
 pub async fn after_run(
     config: &Config,
     store: &Store,
     judgement: &RunJudgement,
     channels: &[Box<dyn Channel>],
     now: DateTime<Utc>,
+    complete: bool,
 ) -> Result<Outcome, StoreError> {
     let mut outcome = Outcome::default();
     if channels.is_empty() {
@@ -95,6 +108,14 @@ pub async fn after_run(
         let Some(kind) = decide(lane, last.as_ref(), repeat_after, now) else {
             continue;
         };
+        let drifting = last
+            .as_ref()
+            .is_some_and(|a| a.kind == Kind::Drift.as_str());
+        if !complete && (kind == Kind::Recovered || drifting) {
+            // Some prompts only: news when a quiet lane drifts, but it cannot show a drifting
+            // lane recovered or its drift changed, since the other prompts were not asked.
+            continue;
+        }
         let message = match kind {
             Kind::Drift => message::drift(judgement.run_id, lane),
             Kind::Recovered => message::recovered(judgement.run_id, lane),

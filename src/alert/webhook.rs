@@ -40,8 +40,15 @@ impl Channel for WebhookChannel {
 
     fn send<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
-            let body =
-                serde_json::json!({ "text": format!("*{}*\n{}", message.subject, message.text) });
+            // Slack reads `<...>` as links and mentions: model output must not ping a channel.
+            let escape = |t: &str| {
+                t.replace('&', "&amp;")
+                    .replace('<', "&lt;")
+                    .replace('>', "&gt;")
+            };
+            let body = serde_json::json!({
+                "text": format!("*{}*\n{}", escape(&message.subject), escape(&message.text))
+            });
             // Webhook URLs are secrets: errors are reported without them.
             let response = self
                 .client

@@ -9,7 +9,7 @@ use crate::prompts::PromptSet;
 use crate::router::Router;
 use crate::run::{execute, plan};
 use crate::store::Store;
-use crate::store::lock::RunLock;
+use crate::store::lock::{LockError, RunLock};
 
 /// Runs `canary accept`.
 pub async fn run(cli: &Cli, args: &AcceptArgs) -> anyhow::Result<i32> {
@@ -18,7 +18,25 @@ pub async fn run(cli: &Cli, args: &AcceptArgs) -> anyhow::Result<i32> {
     let run_id = match args.samples {
         None => {
             let store = Store::open(&config.store)?;
-            store.run(args.run)?.id
+            let run = store.run(args.run)?;
+            match run.status.as_str() {
+                "running" => match RunLock::acquire(&config.store) {
+                    Err(LockError::Held { holder, .. }) => anyhow::bail!(
+                        "run {} is still in progress ({holder}); accept it when it has finished",
+                        run.id
+                    ),
+                    _ => tracing::warn!(
+                        "run {} did not finish (it was killed); accepting the results it has",
+                        run.id
+                    ),
+                },
+                "interrupted" => tracing::warn!(
+                    "run {} was interrupted; accepting the results it has, the rest keep their baselines",
+                    run.id
+                ),
+                _ => {}
+            }
+            run.id
         }
         Some(samples) => calibration_run(&config, &set, args, samples).await?,
     };
@@ -86,7 +104,8 @@ pub async fn run(cli: &Cli, args: &AcceptArgs) -> anyhow::Result<i32> {
     if done.is_empty() {
         anyhow::bail!("run {run_id} has no results matching the given --lane/--prompt");
     }
-    Ok(0)
+    // Nothing written is a failure a script should see, not a quiet success.
+    Ok(if written == 0 { super::EXIT_ERROR } else { 0 })
 }
 
 /// `accept --samples N`: a fresh run of N samples per prompt, to accept with its noise band.

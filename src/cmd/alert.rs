@@ -14,10 +14,13 @@ pub async fn test(cli: &Cli) -> anyhow::Result<i32> {
             config.path.display()
         );
     };
-    let channels = channels(&config, &process_env).map_err(anyhow::Error::msg)?;
+    let (channels, broken) = channels(&config, &process_env);
     let message = message::test(&config.path.display().to_string());
-    let mut failed = 0;
-    let mut tried = 0;
+    let mut failed = broken.len();
+    let mut tried = broken.len();
+    for err in &broken {
+        println!("FAILED: {err}");
+    }
     for channel in &channels {
         tried += 1;
         match channel.send(&message).await {

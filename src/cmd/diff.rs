@@ -4,7 +4,7 @@ use anyhow::Context;
 
 use super::{color_enabled, emit, load_config};
 use crate::cli::{Cli, DiffArgs, Format};
-use crate::judge::{Against, Judge};
+use crate::judge::{Against, Judge, RunStatus};
 use crate::prompts::PromptSet;
 use crate::report;
 use crate::store::Store;
@@ -31,6 +31,11 @@ pub fn run(cli: &Cli, args: &DiffArgs) -> anyhow::Result<i32> {
             anyhow::bail!("no lane named `{lane}` in the config");
         }
     }
+    for id in &args.prompts {
+        if set.get(id).is_none() {
+            anyhow::bail!("no prompt with id `{id}` in the prompt set");
+        }
+    }
     let mut judgement = Judge::new(&config, &store, &set).run(run.id, against)?;
     judgement
         .lanes
@@ -42,11 +47,17 @@ pub fn run(cli: &Cli, args: &DiffArgs) -> anyhow::Result<i32> {
         }
     }
     let latency = report::latency(&store.results(run.id)?);
-    let drifted = judgement.lanes.iter().any(|lane| {
-        lane.items
-            .iter()
-            .any(|i| i.judgement.verdict == Verdict::Drifted)
-    });
+    // The same rule as `canary run` (lane verdicts: the drift rule, identity, control-lane
+    // review); narrowed to some prompts, drift is one of those prompts drifting.
+    let drifted = if args.prompts.is_empty() {
+        judgement.status() == RunStatus::Drifted
+    } else {
+        judgement.lanes.iter().any(|lane| {
+            lane.items
+                .iter()
+                .any(|i| i.judgement.verdict == Verdict::Drifted && !i.judgement.review)
+        })
+    };
     match cli.format {
         Format::Json => emit(&format!(
             "{}\n",

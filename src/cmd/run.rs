@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 
-use super::{color_enabled, load_config, process_env};
+use super::{color_enabled, emit, load_config, process_env};
 use crate::alert;
 use crate::alert::heartbeat::{Beat, Heartbeat};
 use crate::cli::{Cli, Format, RunArgs};
@@ -61,7 +61,7 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<i32> {
         beat(heartbeat, Beat::Start).await;
     }
     let stored = tokio::select! {
-        stored = execute(&plan, run_id, &config, &router, &mut store) => stored?,
+        stored = execute(&plan, run_id, &config, &router, &mut store) => stored,
         // Results are committed one by one, so stopping here loses nothing that finished.
         () = super::shutdown_signal() => {
             let kept = store.results(run_id).map(|r| r.len()).unwrap_or(0);
@@ -73,7 +73,58 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<i32> {
             return Ok(EXIT_INTERRUPTED);
         }
     };
-    let judgement = Judge::new(&config, &store, &set).run(run_id, Against::Baselines)?;
+    let finished = match stored {
+        Ok(stored) => {
+            conclude(
+                cli,
+                args,
+                &config,
+                &set,
+                &router,
+                &mut store,
+                run_id,
+                stored,
+                &plan.skipped,
+            )
+            .await
+        }
+        Err(err) => Err(err.into()),
+    };
+    match finished {
+        Ok(exit_code) => {
+            if let Some(heartbeat) = &heartbeat {
+                beat(heartbeat, Heartbeat::for_exit_code(exit_code)).await;
+            }
+            Ok(exit_code)
+        }
+        Err(err) => {
+            // The results stay; the run is closed so it does not look in progress, and the
+            // heartbeat hears that this night failed.
+            if let Err(close) = store.finish_run(run_id, &[], &[], super::EXIT_ERROR) {
+                tracing::warn!("run {run_id} could not be closed: {close}");
+            }
+            if let Some(heartbeat) = &heartbeat {
+                beat(heartbeat, Beat::Failure).await;
+            }
+            Err(err)
+        }
+    }
+}
+
+/// Judges the stored run, commits the verdicts, writes the metrics file, alerts, then prints.
+#[allow(clippy::too_many_arguments)]
+async fn conclude(
+    cli: &Cli,
+    args: &RunArgs,
+    config: &crate::config::Config,
+    set: &PromptSet,
+    router: &Router,
+    store: &mut Store,
+    run_id: i64,
+    stored: usize,
+    skipped: &[(String, String)],
+) -> anyhow::Result<i32> {
+    let judgement = Judge::new(config, store, set).run(run_id, Against::Baselines)?;
     let exit_code = judgement.exit_code();
     let items: Vec<_> = judgement
         .lanes
@@ -102,97 +153,122 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<i32> {
         .collect();
     store.finish_run(run_id, &items, &lanes, exit_code)?;
 
-    let results = store.results(run_id)?;
-    let latency = report::latency(&results);
     if let Some(path) = &config.metrics_file
         && let Err(err) =
-            crate::metrics::write_file(path, &metrics_text(&router, &judgement, run_id))
+            crate::metrics::write_file(path, &metrics_text(router, &judgement, run_id))
     {
         tracing::warn!("cannot write metrics file {}: {err}", path.display());
     }
-    match cli.format {
+
+    // Alerts come after the results and verdicts are committed: a failed delivery loses
+    // nothing, stays pending for the next run, and never changes the exit code. They also come
+    // before the output, so a reader that goes away cannot stop them.
+    if args.no_alert {
+        tracing::debug!("--no-alert: no alerts for run {run_id}");
+    } else {
+        let (channels, broken) = alert::channels(config, &process_env);
+        for err in broken {
+            tracing::warn!("alert channel not set up, nothing sent through it: {err}");
+        }
+        let complete = args.prompts.is_empty();
+        if let Err(err) = alert::after_run(
+            config,
+            store,
+            &judgement,
+            &channels,
+            chrono::Utc::now(),
+            complete,
+        )
+        .await
+        {
+            tracing::warn!("alerts of run {run_id} could not be stored: {err}");
+        }
+    }
+
+    let latency = report::latency(&store.results(run_id)?);
+    let text = match cli.format {
         Format::Json => {
             let mut json = report::to_json(&judgement, &latency);
             json["results"] = serde_json::json!(stored);
             json["skipped_lanes"] = serde_json::json!(
-                plan.skipped
+                skipped
                     .iter()
                     .map(|(lane, why)| serde_json::json!({"lane": lane, "why": why}))
                     .collect::<Vec<_>>()
             );
-            println!("{}", serde_json::to_string_pretty(&json)?);
+            format!("{}\n", serde_json::to_string_pretty(&json)?)
         }
-        Format::Text => {
-            let color = color_enabled(cli.color);
-            println!(
-                "run {run_id}: {stored} results in {}",
-                config.store.display()
-            );
-            print!("{}", report::table(&judgement, &latency));
-            let drifted: Vec<String> = judgement
-                .lanes
-                .iter()
-                .flat_map(|lane| {
-                    lane.items
-                        .iter()
-                        .filter(|i| i.judgement.verdict == crate::verdict::Verdict::Drifted)
-                        .map(move |i| {
-                            format!(
-                                "{}/{}: {}",
-                                lane.lane,
-                                i.judgement.id,
-                                i.judgement.reasons.join("; ")
-                            )
-                        })
-                })
-                .collect();
-            if !drifted.is_empty() {
-                println!("\ndrifted:");
-                for line in &drifted {
-                    println!("  {line}");
-                }
-            }
-            let status = match exit_code {
-                0 => "no drift",
-                1 => "DRIFT",
-                _ => "no drift seen, but some lane or prompt could not be measured",
-            };
-            let style = console::Style::new().bold().force_styling(color);
-            println!("\n{} (exit {exit_code})", style.apply_to(status));
-            if exit_code != 0
-                || judgement.lanes.iter().any(|l| {
-                    l.items
-                        .iter()
-                        .any(|i| i.judgement.verdict == crate::verdict::Verdict::New)
-                })
-            {
-                println!(
-                    "review with: canary diff --run {run_id}   accept with: canary accept --run {run_id}"
-                );
-            }
-        }
-    }
-    // Alerts come after the results and verdicts are committed: a failed delivery loses
-    // nothing, stays pending for the next run, and never changes the exit code.
-    if args.no_alert {
-        tracing::debug!("--no-alert: no alerts for run {run_id}");
-    } else {
-        match alert::channels(&config, &process_env) {
-            Ok(channels) => {
-                if let Err(err) =
-                    alert::after_run(&config, &store, &judgement, &channels, chrono::Utc::now())
-                        .await
-                {
-                    tracing::warn!("alerts of run {run_id} could not be stored: {err}");
-                }
-            }
-            Err(err) => tracing::warn!("alerts are not set up, none sent for run {run_id}: {err}"),
-        }
-        if let Some(heartbeat) = &heartbeat {
-            beat(heartbeat, Heartbeat::for_exit_code(exit_code)).await;
-        }
-    }
+        Format::Text => summary(
+            &judgement,
+            &latency,
+            config,
+            run_id,
+            stored,
+            color_enabled(cli.color),
+        ),
+    };
+    emit(&text)?;
     Ok(exit_code)
+}
+
+/// The text summary: the verdict table, the drifted items, the status and what to do next.
+fn summary(
+    judgement: &crate::judge::RunJudgement,
+    latency: &std::collections::BTreeMap<String, (i64, i64)>,
+    config: &crate::config::Config,
+    run_id: i64,
+    stored: usize,
+    color: bool,
+) -> String {
+    use std::fmt::Write as _;
+    let mut out = format!(
+        "run {run_id}: {stored} results in {}\n",
+        config.store.display()
+    );
+    out.push_str(&report::table(judgement, latency));
+    let drifted: Vec<String> = judgement
+        .lanes
+        .iter()
+        .flat_map(|lane| {
+            lane.items
+                .iter()
+                .filter(|i| i.judgement.verdict == crate::verdict::Verdict::Drifted)
+                .map(move |i| {
+                    format!(
+                        "{}/{}: {}",
+                        lane.lane,
+                        i.judgement.id,
+                        i.judgement.reasons.join("; ")
+                    )
+                })
+        })
+        .collect();
+    if !drifted.is_empty() {
+        out.push_str("\ndrifted:\n");
+        for line in &drifted {
+            let _ = writeln!(out, "  {line}");
+        }
+    }
+    let exit_code = judgement.exit_code();
+    let status = match exit_code {
+        0 => "no drift",
+        1 => "DRIFT",
+        _ => "no drift seen, but some lane or prompt could not be measured",
+    };
+    let style = console::Style::new().bold().force_styling(color);
+    let _ = writeln!(out, "\n{} (exit {exit_code})", style.apply_to(status));
+    let needs_review = judgement.lanes.iter().any(|l| {
+        l.items
+            .iter()
+            .any(|i| i.judgement.verdict == crate::verdict::Verdict::New)
+    });
+    if exit_code != 0 || needs_review {
+        let _ = writeln!(
+            out,
+            "review with: canary diff --run {run_id}   accept with: canary accept --run {run_id}"
+        );
+    }
+    out
 }
 
 /// The configured heartbeat, if any; a broken one is logged, never fatal.

@@ -114,6 +114,12 @@ async fn drift_sends_one_email_the_same_drift_none_and_recovery_one() {
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert_eq!(smtp.received().len(), 1, "the same drift is not sent twice");
 
+    // A run of a clean prompt only says nothing about the lane: no "recovered".
+    let partial = canary(&project, &["run", "--prompt", "capital"]).await;
+    assert_eq!(partial.status.code(), Some(0));
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(smtp.received().len(), 1, "a partial run raises no alert");
+
     *drift.lock().unwrap() = false;
     let recovered = canary(&project, &["run"]).await;
     assert_eq!(recovered.status.code(), Some(0));
@@ -121,7 +127,7 @@ async fn drift_sends_one_email_the_same_drift_none_and_recovery_one() {
     assert_eq!(mail.len(), 2);
     assert_eq!(
         mail[1]["headers"]["Subject"],
-        "[canary] free: recovered, no drift in run 5"
+        "[canary] free: recovered, no drift in run 6"
     );
 }
 
@@ -307,4 +313,47 @@ async fn webhook_and_heartbeat_channels() {
         ]
     );
     assert!(!text(&drifted.stderr).contains("secret-token"));
+}
+
+#[tokio::test]
+async fn a_channel_that_cannot_be_set_up_does_not_silence_the_others() {
+    let hook = TestServer::always(Reply::json(200, "ok")).await;
+    let drift = Arc::new(Mutex::new(false));
+    let server = model(drift.clone()).await;
+    let hook_url = format!("http://{}/hooks/x", hook.addr);
+    let top = [
+        "alerts:",
+        "  email:",
+        "    smtp: { host: 127.0.0.1, port: 25, security: none, username_env: TEST_UNSET_USER, password_env: TEST_UNSET_PASS }",
+        "    from: canary@example.com",
+        "    to: [oncall@example.com]",
+        "  webhook: { url_env: TEST_WEBHOOK_URL }",
+    ];
+    let project = Project::new(&top, &[LaneSpec::new("free", server.base_url())]);
+    project.write_prompts("set.yaml", PROMPTS);
+    let env = [("TEST_WEBHOOK_URL", hook_url.as_str())];
+
+    let tested = canary_with_env(&project, &["alert", "test"], &env).await;
+    assert_eq!(tested.status.code(), Some(2));
+    let shown = text(&tested.stdout);
+    assert!(
+        shown.contains("FAILED: email: env var TEST_UNSET_USER") && shown.contains("webhook: sent"),
+        "{shown}"
+    );
+
+    canary_with_env(&project, &["run"], &env).await;
+    canary_with_env(&project, &["accept"], &env).await;
+    *drift.lock().unwrap() = true;
+    let drifted = canary_with_env(&project, &["run"], &env).await;
+    assert_eq!(drifted.status.code(), Some(1));
+    assert_eq!(
+        hook.requests(),
+        2,
+        "the webhook still carried the drift alert"
+    );
+    assert!(
+        text(&drifted.stderr).contains("alert channel not set up"),
+        "{}",
+        text(&drifted.stderr)
+    );
 }

@@ -262,6 +262,13 @@ async fn a_changed_model_name_is_flagged_even_with_identical_answers() {
         lane["counts"]["unchanged"], 3,
         "the answers themselves did not move"
     );
+    let diff = canary(&project, &["diff"]).await;
+    assert_eq!(
+        diff.status.code(),
+        Some(1),
+        "diff exits like run: {}",
+        text(&diff.stdout)
+    );
 }
 
 #[tokio::test]
@@ -653,4 +660,29 @@ async fn init_scaffolds_a_project_that_checks_and_never_overwrites() {
         std::fs::read_to_string(target.join(".gitignore")).unwrap(),
         ".canary/\n"
     );
+}
+
+#[tokio::test]
+async fn an_error_after_the_results_are_stored_closes_the_run_and_keeps_them() {
+    let server = model_server(behaviour()).await;
+    let project = one_lane(server.base_url());
+    canary(&project, &["run"]).await;
+    canary(&project, &["accept"]).await;
+    std::fs::write(
+        project.file("snapshots/local/prime.snap"),
+        "<<<<<<< HEAD\nnot a snapshot\n",
+    )
+    .unwrap();
+
+    let out = canary(&project, &["run"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("prime.snap"),
+        "{}",
+        text(&out.stderr)
+    );
+    let store = project.store();
+    let run = store.run(Some(2)).unwrap();
+    assert_eq!((run.status.as_str(), run.exit_code), ("finished", Some(2)));
+    assert_eq!(store.results(2).unwrap().len(), 3, "the results are kept");
 }
