@@ -129,11 +129,7 @@ pub fn lane_table(lane: &JudgedLane) -> String {
         lane.verdict
     );
     for verdict in Verdict::ALL {
-        let n = lane
-            .items
-            .iter()
-            .filter(|i| i.judgement.verdict == verdict)
-            .count();
+        let n = lane.count(verdict);
         let _ = write!(
             out,
             "<td style=\"text-align:right;padding-right:12px\">{n}</td>"

@@ -61,6 +61,16 @@ pub struct JudgedLane {
     pub items: Vec<JudgedItem>,
 }
 
+impl JudgedLane {
+    /// How many of the lane's prompts got `verdict`.
+    pub fn count(&self, verdict: Verdict) -> usize {
+        self.items
+            .iter()
+            .filter(|i| i.judgement.verdict == verdict)
+            .count()
+    }
+}
+
 /// A judged run.
 #[derive(Debug, Clone)]
 pub struct RunJudgement {

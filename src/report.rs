@@ -38,11 +38,7 @@ pub fn to_json(judgement: &RunJudgement, latency: &BTreeMap<String, (i64, i64)>)
             let counts: serde_json::Map<String, Value> = Verdict::ALL
                 .iter()
                 .map(|v| {
-                    let n = lane
-                        .items
-                        .iter()
-                        .filter(|i| i.judgement.verdict == *v)
-                        .count();
+                    let n = lane.count(*v);
                     (v.as_str().to_string(), json!(n))
                 })
                 .collect();
@@ -94,12 +90,7 @@ pub fn table(judgement: &RunJudgement, latency: &BTreeMap<String, (i64, i64)>) -
         "p95 ms"
     );
     for lane in &judgement.lanes {
-        let count = |v: Verdict| {
-            lane.items
-                .iter()
-                .filter(|i| i.judgement.verdict == v)
-                .count()
-        };
+        let count = |v: Verdict| lane.count(v);
         let (p50, p95) = latency
             .get(&lane.lane)
             .map_or(("-".to_string(), "-".to_string()), |(a, b)| {

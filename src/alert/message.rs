@@ -141,11 +141,7 @@ pub fn test(config_path: &str) -> Message {
 fn lane_table_text(lane: &JudgedLane) -> String {
     let mut out = String::new();
     for verdict in Verdict::ALL {
-        let n = lane
-            .items
-            .iter()
-            .filter(|i| i.judgement.verdict == verdict)
-            .count();
+        let n = lane.count(verdict);
         if n > 0 {
             let _ = write!(out, "{verdict}: {n}  ");
         }

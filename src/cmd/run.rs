@@ -318,11 +318,7 @@ fn metrics_text(router: &Router, judgement: &crate::judge::RunJudgement, run_id:
     let _ = writeln!(out, "# TYPE canary_prompts gauge");
     for lane in &judgement.lanes {
         for verdict in crate::verdict::Verdict::ALL {
-            let n = lane
-                .items
-                .iter()
-                .filter(|i| i.judgement.verdict == verdict)
-                .count();
+            let n = lane.count(verdict);
             let _ = writeln!(
                 out,
                 "canary_prompts{{lane=\"{}\",verdict=\"{verdict}\"}} {n}",

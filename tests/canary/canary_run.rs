@@ -61,6 +61,18 @@ async fn canary(project: &Project, args: &[&str]) -> std::process::Output {
     canary_with_env(project, args, &[]).await
 }
 
+/// A one-lane project with a baseline (run 1, accepted) and a run of reworded answers (run 2).
+async fn baselined_then_reworded() -> (TestServer, Project) {
+    let behaviour = behaviour();
+    let server = model_server(behaviour.clone()).await;
+    let project = one_lane(server.base_url());
+    canary(&project, &["run"]).await;
+    canary(&project, &["accept"]).await;
+    behaviour.lock().unwrap().reworded = true;
+    canary(&project, &["run"]).await;
+    (server, project)
+}
+
 fn one_lane(url: String) -> Project {
     let project = Project::new(&[], &[LaneSpec::new("local", url)]);
     project.write_prompts("set.yaml", PROMPTS);
@@ -489,13 +501,7 @@ async fn the_kill_switch_removes_a_lane_from_the_run_and_the_rest_is_measured() 
 
 #[tokio::test]
 async fn history_shows_runs_per_lane_and_one_prompts_story() {
-    let behaviour = behaviour();
-    let server = model_server(behaviour.clone()).await;
-    let project = one_lane(server.base_url());
-    canary(&project, &["run"]).await;
-    canary(&project, &["accept"]).await;
-    behaviour.lock().unwrap().reworded = true;
-    canary(&project, &["run"]).await;
+    let (_server, project) = baselined_then_reworded().await;
 
     let out = canary(&project, &["history", "--format", "json"]).await;
     assert_eq!(out.status.code(), Some(0));
@@ -578,13 +584,7 @@ async fn each_run_rewrites_the_prometheus_metrics_file() {
 
 #[tokio::test]
 async fn report_writes_one_self_contained_html_page() {
-    let behaviour = behaviour();
-    let server = model_server(behaviour.clone()).await;
-    let project = one_lane(server.base_url());
-    canary(&project, &["run"]).await;
-    canary(&project, &["accept"]).await;
-    behaviour.lock().unwrap().reworded = true;
-    canary(&project, &["run"]).await;
+    let (_server, project) = baselined_then_reworded().await;
 
     let out = canary(
         &project,
