@@ -63,14 +63,20 @@ async fn canary(project: &Project, args: &[&str]) -> std::process::Output {
 
 /// A one-lane project with a baseline (run 1, accepted) and a run of reworded answers (run 2).
 async fn baselined_then_reworded() -> (TestServer, Project) {
+    let (behaviour, server, project) = baselined().await;
+    behaviour.lock().unwrap().reworded = true;
+    canary(&project, &["run"]).await;
+    (server, project)
+}
+
+/// A one-lane project whose first run (run 1) is accepted as the baseline.
+async fn baselined() -> (Arc<Mutex<Behaviour>>, TestServer, Project) {
     let behaviour = behaviour();
     let server = model_server(behaviour.clone()).await;
     let project = one_lane(server.base_url());
     canary(&project, &["run"]).await;
     canary(&project, &["accept"]).await;
-    behaviour.lock().unwrap().reworded = true;
-    canary(&project, &["run"]).await;
-    (server, project)
+    (behaviour, server, project)
 }
 
 fn one_lane(url: String) -> Project {
@@ -174,10 +180,7 @@ async fn baseline_unchanged_reworded_accept_round_trip() {
 
 #[tokio::test]
 async fn a_prompt_edited_after_its_baseline_is_stale_not_drifted() {
-    let server = model_server(behaviour()).await;
-    let project = one_lane(server.base_url());
-    canary(&project, &["run"]).await;
-    canary(&project, &["accept"]).await;
+    let (_behaviour, _server, project) = baselined().await;
     project.write_prompts(
         "set.yaml",
         &PROMPTS.replace("Answer yes or no.", "Reply yes or no."),
@@ -251,11 +254,7 @@ async fn failed_results_are_never_accepted() {
 
 #[tokio::test]
 async fn a_changed_model_name_is_flagged_even_with_identical_answers() {
-    let behaviour = behaviour();
-    let server = model_server(behaviour.clone()).await;
-    let project = one_lane(server.base_url());
-    canary(&project, &["run"]).await;
-    canary(&project, &["accept"]).await;
+    let (behaviour, _server, project) = baselined().await;
 
     behaviour.lock().unwrap().model = "smollm2-q2-swapped";
     let out = canary(&project, &["run", "--format", "json"]).await;
@@ -664,10 +663,7 @@ async fn init_scaffolds_a_project_that_checks_and_never_overwrites() {
 
 #[tokio::test]
 async fn an_error_after_the_results_are_stored_closes_the_run_and_keeps_them() {
-    let server = model_server(behaviour()).await;
-    let project = one_lane(server.base_url());
-    canary(&project, &["run"]).await;
-    canary(&project, &["accept"]).await;
+    let (_behaviour, _server, project) = baselined().await;
     std::fs::write(
         project.file("snapshots/local/prime.snap"),
         "<<<<<<< HEAD\nnot a snapshot\n",
