@@ -2,11 +2,11 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::checks::normalize_whitespace;
 use crate::judge::sample_of;
 use crate::prompts::PromptSet;
-use crate::snapshot::{Snapshot, SnapshotError, SnapshotHeader};
+use crate::snapshot::{Snapshot, SnapshotError, SnapshotHeader, distinct_answers};
 use crate::store::{Store, StoreError, StoredResult};
-use crate::verdict::noise_band;
 
 /// Accepting failed.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +24,20 @@ pub enum AcceptError {
 pub enum Acceptance {
     /// The baseline was written.
     Written {
+        /// Lane.
+        lane: String,
+        /// Prompt id.
+        prompt_id: String,
+        /// The snapshot file.
+        path: PathBuf,
+        /// Samples behind it.
+        samples: usize,
+        /// Distinct answers among them.
+        distinct: usize,
+    },
+    /// The run's answers are all the answer of an exact baseline with more samples: that
+    /// baseline stays, since it says the same with more evidence.
+    Kept {
         /// Lane.
         lane: String,
         /// Prompt id.
@@ -95,8 +109,25 @@ pub fn accept_run(
             continue;
         }
         let texts: Vec<&str> = served.iter().filter_map(|r| r.output.as_deref()).collect();
-        let snapshot = Snapshot {
-            header: SnapshotHeader {
+        let current = Snapshot::load(snapshots, &lane, &prompt_id)?;
+        let mut answers = distinct_answers(texts.iter().copied());
+        if let Some(current) = current.filter(|c| repeats_exact_baseline(c, &prompt.hash, &texts)) {
+            if current.header.model == first.model
+                && current.header.fingerprint == first.fingerprint
+            {
+                done.push(Acceptance::Kept {
+                    lane,
+                    prompt_id: prompt_id.clone(),
+                    path: crate::snapshot::path_for(snapshots, &current.header.lane, &prompt_id),
+                    samples: current.header.samples as usize,
+                });
+                continue;
+            }
+            // The same answer from a renamed model: keep the evidence, take the new identity.
+            answers = current.answers;
+        }
+        let snapshot = Snapshot::new(
+            SnapshotHeader {
                 prompt_id: prompt_id.clone(),
                 prompt_hash: prompt.hash.clone(),
                 lane: lane.clone(),
@@ -105,18 +136,35 @@ pub fn accept_run(
                 params: prompt.request.params.clone(),
                 accepted_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
                 accepted_from_run: run_id,
-                samples: texts.len() as u32,
-                noise: noise_band(prompt, &texts),
+                samples: 0,
+                counts: Vec::new(),
+                separator: None,
+                noise: None,
             },
-            body: texts[0].to_string(),
-        };
+            answers,
+        );
         let path = snapshot.write(snapshots)?;
         done.push(Acceptance::Written {
             lane,
             prompt_id,
             path,
-            samples: texts.len(),
+            samples: snapshot.header.samples as usize,
+            distinct: snapshot.answers.len(),
         });
     }
     Ok(done)
+}
+
+/// Whether `texts` are all the one answer of an exact baseline (of this prompt) that has more
+/// samples than they are: accepting them would only lose evidence that the lane is exact.
+fn repeats_exact_baseline(current: &Snapshot, prompt_hash: &str, texts: &[&str]) -> bool {
+    let first = normalize_whitespace(current.primary());
+    current.header.prompt_hash == prompt_hash
+        && current.header.noise.is_none()
+        && current
+            .answers
+            .iter()
+            .all(|a| normalize_whitespace(&a.text) == first)
+        && current.header.samples as usize > texts.len()
+        && texts.iter().all(|t| normalize_whitespace(t) == first)
 }

@@ -204,9 +204,10 @@ pub struct RunArgs {
     #[arg(long = "prompt", value_name = "ID")]
     pub prompts: Vec<String>,
 
-    /// Answers per (lane, prompt); more samples judge nondeterministic lanes fairly.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
-    pub samples: u32,
+    /// Answers per (lane, prompt), overriding the prompt's `samples:` and `drift.samples`
+    /// (default `auto`: 1 where the baseline shows the lane answers exactly, 10 elsewhere).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub samples: Option<u32>,
 
     /// Do not send alerts for this run.
     #[arg(long)]
@@ -252,8 +253,8 @@ pub struct AcceptArgs {
     #[arg(long = "prompt", value_name = "ID")]
     pub prompts: Vec<String>,
 
-    /// Run the prompts N times now and accept that run, so the baseline has a noise band.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+    /// Run the prompts N times now and accept that run, so the baseline holds N samples.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub samples: Option<u32>,
 }
 

@@ -138,9 +138,38 @@ pub struct DriftConfig {
     pub threshold: f64,
     /// Control lane: drift seen there too is for review, not an alert.
     pub control: Option<String>,
-    /// How many drifted prompts make a lane drifted.
+    /// How many drifted prompts (judged one by one: exact or single baselines) make a lane
+    /// drifted.
     pub min_drifted: MinDrifted,
+    /// False-alarm rate of a lane's two-sample test, per lane per run.
+    pub alpha: f64,
+    /// Consecutive drifted runs of a lane before its drift is alerted.
+    pub confirm: u32,
+    /// Samples per prompt when the prompt does not say.
+    pub samples: SampleCount,
 }
+
+/// How many samples a run takes of a prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SampleCount {
+    /// One where the baseline shows the lane answers the prompt exactly, [`AUTO_SAMPLES`]
+    /// everywhere else (no baseline yet, one of a single sample, one whose samples differ), and
+    /// more where the first answers show they are needed (see [`crate::run::more_samples`]).
+    Auto,
+    /// This many, always.
+    Fixed(u32),
+}
+
+/// Samples `auto` takes where one is not known to be enough.
+pub const AUTO_SAMPLES: u32 = 10;
+/// Samples `auto` takes of answers that vary, where there is no baseline of several samples yet
+/// (or to confirm a drift): a baseline of this many represents the lane's spread well enough that
+/// a run of [`AUTO_SAMPLES`] compared with it keeps the false-alarm rate near `drift.alpha`.
+pub const AUTO_BASELINE_SAMPLES: u32 = 30;
+/// Most samples a prompt may ask for.
+pub const MAX_SAMPLES: u32 = 1000;
+/// Default false-alarm rate of a lane's two-sample test.
+pub const DEFAULT_ALPHA: f64 = 0.01;
 
 /// Schedule of `canary schedule`.
 #[derive(Debug, Clone)]
@@ -390,6 +419,12 @@ struct RawDrift {
     control: Option<Spanned<String>>,
     #[serde(default)]
     min_drifted: Option<MinDriftedValue>,
+    #[serde(default)]
+    alpha: Option<Alpha>,
+    #[serde(default)]
+    confirm: Option<Confirm>,
+    #[serde(default)]
+    samples: Option<SamplesValue>,
 }
 
 #[derive(Deserialize)]
@@ -559,8 +594,14 @@ impl RawConfig {
                 threshold: 0.85,
                 control: None,
                 min_drifted: MinDrifted::Count(1),
+                alpha: DEFAULT_ALPHA,
+                confirm: 1,
+                samples: SampleCount::Auto,
             },
             Some(raw) => DriftConfig {
+                alpha: raw.alpha.map_or(DEFAULT_ALPHA, |a| a.0),
+                confirm: raw.confirm.map_or(1, |c| c.0),
+                samples: raw.samples.map_or(SampleCount::Auto, |s| s.0),
                 threshold: raw.threshold.map_or(0.85, |t| t.0),
                 control: raw
                     .control
@@ -916,6 +957,46 @@ parsed_scalar!(MinDriftedValue(MinDrifted), |text| {
             Ok(n) if n >= 1 => Ok(MinDrifted::Count(n)),
             _ => Err(bad()),
         },
+    }
+});
+
+/// A false-alarm rate in (0, 0.5].
+#[derive(Clone, Copy)]
+struct Alpha(f64);
+parsed_scalar!(Alpha(f64), |text| {
+    match text.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 0.5 => Ok(v),
+        _ => Err(format!(
+            "expected a false-alarm rate above 0 and at most 0.5 (e.g. 0.01: one false alarm in a hundred runs), found `{text}`"
+        )),
+    }
+});
+
+/// A number of consecutive runs, at least one.
+#[derive(Clone, Copy)]
+struct Confirm(u32);
+parsed_scalar!(Confirm(u32), |text| {
+    match text.trim().parse::<u32>() {
+        Ok(v) if (1..=100).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "expected how many consecutive drifted runs to wait for before alerting (1 to 100), found `{text}`"
+        )),
+    }
+});
+
+/// `auto` or a number of samples.
+#[derive(Clone, Copy)]
+struct SamplesValue(SampleCount);
+parsed_scalar!(SamplesValue(SampleCount), |text| {
+    let text = text.trim();
+    if text == "auto" {
+        return Ok(SampleCount::Auto);
+    }
+    match text.parse::<u32>() {
+        Ok(n) if (1..=MAX_SAMPLES).contains(&n) => Ok(SampleCount::Fixed(n)),
+        _ => Err(format!(
+            "expected `auto` or a number of samples from 1 to {MAX_SAMPLES}, found `{text}`"
+        )),
     }
 });
 

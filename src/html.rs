@@ -95,13 +95,20 @@ pub fn item(lane: &str, item: &JudgedItem, run_id: i64) -> String {
     }
     let output = item.samples.iter().find_map(|s| s.output.as_deref());
     match (&item.baseline, output) {
-        (Some(baseline), Some(output)) if j.verdict != Verdict::Unchanged => {
-            out.push_str(&diff_table(
-                &baseline.text,
-                output,
-                &format!("baseline ({})", baseline.origin),
-                &format!("run {run_id}"),
-            ));
+        (Some(_), Some(_)) => {
+            let (pairs, more) = item.diff_pairs(crate::report::DIFFS_PER_ITEM);
+            for pair in &pairs {
+                let (old_label, new_label) = crate::report::diff_labels(item, pair, run_id);
+                out.push_str(&diff_table(
+                    &pair.baseline.text,
+                    pair.output,
+                    &old_label,
+                    &new_label,
+                ));
+            }
+            if more > 0 {
+                let _ = write!(out, "<p>({more} more distinct answers not shown)</p>");
+            }
         }
         (None, Some(output)) => {
             let _ = write!(

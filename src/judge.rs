@@ -9,12 +9,13 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::config::Config;
+use crate::drift::{PromptSamples, test_lane};
 use crate::prompts::{Prompt, PromptSet};
-use crate::snapshot::{Snapshot, SnapshotError};
+use crate::snapshot::{Answer, Snapshot, SnapshotError, distinct_answers};
 use crate::store::{Store, StoreError, StoredResult};
 use crate::verdict::{
-    Baseline, Identity, ItemJudgement, Rules, Sample, Verdict, identity_changes, judge_item,
-    judge_lane, noise_band,
+    Baseline, Identity, ItemJudgement, LaneTest, Mode, Rules, Sample, Verdict, apply_test,
+    identity_changes, judge_item, judge_lane,
 };
 
 /// What a run is compared with.
@@ -48,6 +49,53 @@ pub struct JudgedItem {
     pub samples: Vec<Sample>,
 }
 
+/// A run answer shown against the baseline answer closest to it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiffPair<'a> {
+    /// The run's samples that gave this answer (0-based).
+    pub samples: Vec<usize>,
+    /// The answer.
+    pub output: &'a str,
+    /// The closest baseline answer.
+    pub baseline: &'a Answer,
+    /// Their similarity.
+    pub similarity: f64,
+}
+
+impl JudgedItem {
+    /// The run's distinct answers that are not the baseline's, each against its closest baseline
+    /// answer, least similar first: at most `limit` of them, and how many more there are.
+    pub fn diff_pairs(&self, limit: usize) -> (Vec<DiffPair<'_>>, usize) {
+        let Some(baseline) = &self.baseline else {
+            return (Vec::new(), 0);
+        };
+        let mut pairs: Vec<DiffPair<'_>> = Vec::new();
+        for (index, sample) in self.samples.iter().enumerate() {
+            let Some(output) = sample.output.as_deref() else {
+                continue;
+            };
+            if let Some(pair) = pairs.iter_mut().find(|p| p.output == output) {
+                pair.samples.push(index);
+                continue;
+            }
+            if baseline.answers.iter().any(|a| a.text == output) {
+                continue;
+            }
+            let (closest, similarity) = baseline.closest(output);
+            pairs.push(DiffPair {
+                samples: vec![index],
+                output,
+                baseline: closest,
+                similarity,
+            });
+        }
+        pairs.sort_by(|a, b| a.similarity.total_cmp(&b.similarity));
+        let more = pairs.len().saturating_sub(limit);
+        pairs.truncate(limit);
+        (pairs, more)
+    }
+}
+
 /// One judged lane.
 #[derive(Debug, Clone)]
 pub struct JudgedLane {
@@ -59,6 +107,8 @@ pub struct JudgedLane {
     pub reasons: Vec<String>,
     /// Items, in prompt order.
     pub items: Vec<JudgedItem>,
+    /// The two-sample test of its sampled prompts, when it has any.
+    pub test: Option<LaneTest>,
 }
 
 impl JudgedLane {
@@ -141,6 +191,7 @@ impl<'a> Judge<'a> {
             rules: Rules {
                 threshold: config.drift.threshold,
                 min_drifted: config.drift.min_drifted,
+                alpha: config.drift.alpha,
             },
             lane_order: config.lanes.iter().map(|l| l.name.clone()).collect(),
             control: config.drift.control.clone(),
@@ -154,133 +205,235 @@ impl<'a> Judge<'a> {
 }
 
 fn judge_run(judge: &Judge<'_>, run_id: i64, against: Against) -> Result<RunJudgement, JudgeError> {
-    let Judge {
-        store,
-        set,
-        snapshots,
-        rules,
-        lane_order,
-        control,
-    } = judge;
-    let snapshots = snapshots.as_path();
-    let control = control.as_deref();
-    let results = store.results(run_id)?;
+    let results = judge.store.results(run_id)?;
     let reference = match against {
         Against::Baselines => None,
-        Against::Run(other) => Some(group(store.results(other)?)),
+        Against::Run(other) => Some(group(judge.store.results(other)?)),
     };
     let grouped = group(results);
     let mut lanes: Vec<&String> = grouped.keys().map(|(lane, _)| lane).collect();
     lanes.dedup();
     lanes.sort_by_key(|lane| {
-        lane_order
+        judge
+            .lane_order
             .iter()
             .position(|l| l == *lane)
             .unwrap_or(usize::MAX)
     });
-
-    let mut judged_lanes = Vec::new();
-    for lane in lanes {
-        let mut items = Vec::new();
-        let mut identity_pairs = Vec::new();
-        for prompt in &set.prompts {
-            let Some(stored) = grouped.get(&(lane.clone(), prompt.id.clone())) else {
-                continue;
-            };
-            let baseline = match &reference {
-                None => Snapshot::load(snapshots, lane, &prompt.id)?
-                    .map(|snap| baseline_from_snapshot(snapshots, snap)),
-                Some(other) => other
-                    .get(&(lane.clone(), prompt.id.clone()))
-                    .and_then(|results| baseline_from_run(prompt, results)),
-            };
-            let samples: Vec<Sample> = stored.iter().map(sample_of).collect();
-            // Judge the run by the prompt as it was sent then: a baseline of another version
-            // of the prompt is stale for this run, whatever the prompt says today.
-            let as_run = Prompt {
-                hash: stored[0].prompt_hash.clone(),
-                ..(*prompt).clone()
-            };
-            let prompt = &as_run;
-            let judgement = judge_item(prompt, rules, baseline.as_ref(), &samples);
-            if let Some(baseline) = &baseline
-                && baseline.prompt_hash == prompt.hash
-            {
-                for sample in samples.iter().filter(|s| s.output.is_some()) {
-                    identity_pairs.push([
-                        baseline.model.clone(),
-                        sample.model.clone(),
-                        baseline.fingerprint.clone(),
-                        sample.fingerprint.clone(),
-                    ]);
-                }
-            }
-            items.push(JudgedItem {
-                judgement,
-                baseline,
-                samples,
-            });
-        }
-        let pairs: Vec<Identity<'_>> = identity_pairs
+    // The control lane first: what drifted there is for review, not an alert, on the others.
+    let control = judge.control.as_deref();
+    let mut judged: BTreeMap<&String, JudgedLane> = BTreeMap::new();
+    let mut control_drifted: Vec<String> = Vec::new();
+    for lane in lanes.iter().filter(|l| Some(l.as_str()) == control) {
+        let scope = Scope {
+            run_id,
+            against,
+            for_review: &[],
+        };
+        let judged_lane = judge_one_lane(judge, lane, &scope, &grouped, &reference)?;
+        control_drifted = judged_lane
+            .items
             .iter()
-            .map(
-                |[baseline_model, model, baseline_fingerprint, fingerprint]| Identity {
-                    baseline_model: baseline_model.as_deref(),
-                    model: model.as_deref(),
-                    baseline_fingerprint: baseline_fingerprint.as_deref(),
-                    fingerprint: fingerprint.as_deref(),
-                },
-            )
+            .filter(|i| i.judgement.verdict == Verdict::Drifted)
+            .map(|i| i.judgement.id.clone())
             .collect();
-        let identity = identity_changes(&pairs);
-        judged_lanes.push((lane.clone(), items, identity));
+        judged.insert(lane, judged_lane);
     }
-
-    // Drift the control lane shows too is the prompt or the world changing, not the lane.
-    if let Some(control) = control {
-        let control_drifted: Vec<String> = judged_lanes
-            .iter()
-            .filter(|(lane, _, _)| lane == control)
-            .flat_map(|(_, items, _)| items.iter())
-            .filter(|item| item.judgement.verdict == Verdict::Drifted)
-            .map(|item| item.judgement.id.clone())
-            .collect();
-        for (_, items, _) in judged_lanes
-            .iter_mut()
-            .filter(|(lane, _, _)| lane != control)
-        {
-            for item in items.iter_mut() {
-                if item.judgement.verdict == Verdict::Drifted
-                    && control_drifted.contains(&item.judgement.id)
-                {
-                    item.judgement.review = true;
-                    item.judgement.reasons.push(format!(
-                        "also drifted on the control lane `{control}`: for review, not an alert"
-                    ));
-                }
-            }
-        }
+    for lane in lanes.iter().filter(|l| Some(l.as_str()) != control) {
+        let scope = Scope {
+            run_id,
+            against,
+            for_review: &control_drifted,
+        };
+        let judged_lane = judge_one_lane(judge, lane, &scope, &grouped, &reference)?;
+        judged.insert(lane, judged_lane);
     }
-
-    let lanes = judged_lanes
-        .into_iter()
-        .map(|(lane, items, identity)| {
-            let judgements: Vec<ItemJudgement> =
-                items.iter().map(|i| i.judgement.clone()).collect();
-            let (verdict, reasons) = judge_lane(&judgements, &identity, rules);
-            JudgedLane {
-                lane,
-                verdict,
-                reasons,
-                items,
-            }
-        })
-        .collect();
     Ok(RunJudgement {
         run_id,
         against,
-        lanes,
+        lanes: lanes.iter().filter_map(|l| judged.remove(l)).collect(),
     })
+}
+
+type Grouped = BTreeMap<(String, String), Vec<StoredResult>>;
+
+/// What one lane is judged within.
+struct Scope<'a> {
+    run_id: i64,
+    against: Against,
+    /// Prompts that drifted on the control lane: for review here, and out of the lane's test.
+    for_review: &'a [String],
+}
+
+/// Judges one lane of a run.
+fn judge_one_lane(
+    judge: &Judge<'_>,
+    lane: &str,
+    scope: &Scope<'_>,
+    grouped: &Grouped,
+    reference: &Option<Grouped>,
+) -> Result<JudgedLane, JudgeError> {
+    let Scope {
+        run_id,
+        against,
+        for_review,
+    } = *scope;
+    let snapshots = judge.snapshots.as_path();
+    let mut items = Vec::new();
+    let mut identity_pairs = Vec::new();
+    let mut prompts: Vec<&Prompt> = Vec::new();
+    for prompt in &judge.set.prompts {
+        let Some(stored) = grouped.get(&(lane.to_string(), prompt.id.clone())) else {
+            continue;
+        };
+        let baseline = match reference {
+            None => Snapshot::load(snapshots, lane, &prompt.id)?
+                .map(|snap| baseline_from_snapshot(snapshots, snap)),
+            Some(other) => other
+                .get(&(lane.to_string(), prompt.id.clone()))
+                .and_then(|results| baseline_from_run(results)),
+        };
+        let samples: Vec<Sample> = stored.iter().map(sample_of).collect();
+        // Judge the run by the prompt as it was sent then: a baseline of another version
+        // of the prompt is stale for this run, whatever the prompt says today.
+        let as_run = Prompt {
+            hash: stored[0].prompt_hash.clone(),
+            ..(*prompt).clone()
+        };
+        let judgement = judge_item(&as_run, &judge.rules, baseline.as_ref(), &samples);
+        if let Some(baseline) = &baseline
+            && baseline.prompt_hash == as_run.hash
+        {
+            for sample in samples.iter().filter(|s| s.output.is_some()) {
+                identity_pairs.push([
+                    baseline.model.clone(),
+                    sample.model.clone(),
+                    baseline.fingerprint.clone(),
+                    sample.fingerprint.clone(),
+                ]);
+            }
+        }
+        prompts.push(prompt);
+        items.push(JudgedItem {
+            judgement,
+            baseline,
+            samples,
+        });
+    }
+
+    // Exact and single items that drifted on the control lane too are for review.
+    for item in &mut items {
+        if item.judgement.verdict == Verdict::Drifted
+            && item.judgement.mode != Some(Mode::Sampled)
+            && for_review.contains(&item.judgement.id)
+        {
+            mark_for_review(&mut item.judgement, judge.control.as_deref());
+        }
+    }
+
+    // The sampled items, tested together; those that drifted on the control lane apart.
+    let alpha = judge.rules.alpha;
+    let sampled: Vec<usize> = (0..items.len())
+        .filter(|&i| {
+            items[i].judgement.mode == Some(Mode::Sampled)
+                && items[i].judgement.verdict != Verdict::Failed
+        })
+        .collect();
+    let (tested, apart): (Vec<usize>, Vec<usize>) = sampled
+        .into_iter()
+        .partition(|&i| !for_review.contains(&items[i].judgement.id));
+    let seed = |part: &str| {
+        let against = match against {
+            Against::Baselines => "baselines".to_string(),
+            Against::Run(id) => format!("run {id}"),
+        };
+        format!("{lane}\0{run_id}\0{against}\0{part}")
+    };
+    let mut test = None;
+    if !tested.is_empty() {
+        let finding = test_lane(&samples_of(&items, &prompts, &tested), &seed("lane"));
+        let lane_test = LaneTest {
+            p_value: finding.p_value,
+            prompts: tested.len(),
+            alpha,
+        };
+        for (&i, prompt_finding) in tested.iter().zip(&finding.prompts) {
+            apply_test(
+                &mut items[i].judgement,
+                prompt_finding,
+                lane_test.rejected(),
+                alpha,
+            );
+        }
+        test = Some(lane_test);
+    }
+    if !apart.is_empty() {
+        let finding = test_lane(&samples_of(&items, &prompts, &apart), &seed("review"));
+        for (&i, prompt_finding) in apart.iter().zip(&finding.prompts) {
+            let judgement = &mut items[i].judgement;
+            apply_test(judgement, prompt_finding, true, alpha);
+            if judgement.verdict == Verdict::Drifted {
+                mark_for_review(judgement, judge.control.as_deref());
+            }
+        }
+    }
+
+    let pairs: Vec<Identity<'_>> = identity_pairs
+        .iter()
+        .map(
+            |[baseline_model, model, baseline_fingerprint, fingerprint]| Identity {
+                baseline_model: baseline_model.as_deref(),
+                model: model.as_deref(),
+                baseline_fingerprint: baseline_fingerprint.as_deref(),
+                fingerprint: fingerprint.as_deref(),
+            },
+        )
+        .collect();
+    let identity = identity_changes(&pairs);
+    let judgements: Vec<ItemJudgement> = items.iter().map(|i| i.judgement.clone()).collect();
+    let (verdict, reasons) = judge_lane(&judgements, &identity, test.as_ref(), &judge.rules);
+    Ok(JudgedLane {
+        lane: lane.to_string(),
+        verdict,
+        reasons,
+        items,
+        test,
+    })
+}
+
+fn mark_for_review(judgement: &mut ItemJudgement, control: Option<&str>) {
+    judgement.review = true;
+    judgement.reasons.push(format!(
+        "also drifted on the control lane `{}`: for review, not an alert",
+        control.unwrap_or_default()
+    ));
+}
+
+/// The samples of the items at `indices` for the two-sample test.
+fn samples_of<'a>(
+    items: &'a [JudgedItem],
+    prompts: &[&'a Prompt],
+    indices: &[usize],
+) -> Vec<PromptSamples<'a>> {
+    indices
+        .iter()
+        .map(|&i| {
+            let item = &items[i];
+            PromptSamples {
+                checks: &prompts[i].checks,
+                baseline: item
+                    .baseline
+                    .iter()
+                    .flat_map(|b| b.answers.iter().map(|a| (a.text.as_str(), a.count)))
+                    .collect(),
+                run: item
+                    .samples
+                    .iter()
+                    .filter_map(|s| s.output.as_deref())
+                    .collect(),
+            }
+        })
+        .collect()
 }
 
 fn group(results: Vec<StoredResult>) -> BTreeMap<(String, String), Vec<StoredResult>> {
@@ -317,7 +470,7 @@ fn baseline_from_snapshot(snapshots: &Path, snapshot: Snapshot) -> Baseline {
         .display()
         .to_string();
     Baseline {
-        text: snapshot.body,
+        answers: snapshot.answers,
         prompt_hash: header.prompt_hash,
         model: header.model,
         fingerprint: header.fingerprint,
@@ -327,16 +480,15 @@ fn baseline_from_snapshot(snapshots: &Path, snapshot: Snapshot) -> Baseline {
 }
 
 /// A baseline made from another run's served samples of the same (lane, prompt).
-fn baseline_from_run(prompt: &Prompt, results: &[StoredResult]) -> Option<Baseline> {
+fn baseline_from_run(results: &[StoredResult]) -> Option<Baseline> {
     let served: Vec<&StoredResult> = results.iter().filter(|r| r.output.is_some()).collect();
     let first = served.first()?;
-    let texts: Vec<&str> = served.iter().filter_map(|r| r.output.as_deref()).collect();
     Some(Baseline {
-        text: first.output.clone().unwrap_or_default(),
+        answers: distinct_answers(served.iter().filter_map(|r| r.output.as_deref())),
         prompt_hash: first.prompt_hash.clone(),
         model: first.model.clone(),
         fingerprint: first.fingerprint.clone(),
-        noise: noise_band(prompt, &texts),
+        noise: None,
         origin: format!("run {}", first.run_id),
     })
 }

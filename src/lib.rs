@@ -19,6 +19,7 @@ pub mod completion;
 pub mod config;
 pub mod deadline;
 pub mod diff;
+pub mod drift;
 pub mod html;
 pub mod judge;
 pub mod lane;

@@ -13,6 +13,7 @@ use serde_saphyr::Spanned;
 
 use crate::checks::Check;
 use crate::completion::{ChatRequest, Message, Params, hex_sha256};
+use crate::config::MAX_SAMPLES;
 
 /// A problem in the prompt set, located in its file.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +68,8 @@ pub struct Prompt {
     pub request: ChatRequest,
     /// Per-prompt similarity floor, overriding `drift.threshold`.
     pub threshold: Option<f64>,
+    /// Answers per run and per baseline, overriding `drift.samples`.
+    pub samples: Option<u32>,
     /// Deterministic checks of the answer.
     pub checks: Vec<Check>,
     /// SHA-256 of the canonical request.
@@ -177,6 +180,8 @@ struct RawPrompt {
     #[serde(default)]
     threshold: Option<Threshold>,
     #[serde(default)]
+    samples: Option<Samples>,
+    #[serde(default)]
     checks: Vec<Check>,
 }
 
@@ -228,6 +233,7 @@ impl RawPrompt {
             id,
             request,
             threshold: self.threshold.map(|t| t.0),
+            samples: self.samples.map(|s| s.0),
             checks: self.checks,
             hash,
             file: path.to_path_buf(),
@@ -267,6 +273,21 @@ impl<'de> Deserialize<'de> for Threshold {
         } else {
             Err(serde::de::Error::custom(format!(
                 "expected a similarity threshold between 0 and 1, found {value}"
+            )))
+        }
+    }
+}
+
+struct Samples(u32);
+
+impl<'de> Deserialize<'de> for Samples {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = u32::deserialize(deserializer)?;
+        if (1..=MAX_SAMPLES).contains(&value) {
+            Ok(Samples(value))
+        } else {
+            Err(serde::de::Error::custom(format!(
+                "expected a number of samples from 1 to {MAX_SAMPLES}, found {value}"
             )))
         }
     }
@@ -333,14 +354,22 @@ mod tests {
     }
 
     #[test]
-    fn checks_and_threshold_do_not_change_the_hash() {
+    fn checks_threshold_and_samples_do_not_change_the_hash() {
         let plain = parse_file(Path::new("a.yaml"), "- id: a\n  prompt: hi\n").unwrap();
         let checked = parse_file(
             Path::new("a.yaml"),
-            "- id: a\n  prompt: hi\n  threshold: 0.5\n  checks:\n    - max_chars: 10\n",
+            "- id: a\n  prompt: hi\n  threshold: 0.5\n  samples: 8\n  checks:\n    - max_chars: 10\n",
         )
         .unwrap();
         assert_eq!(plain[0].hash, checked[0].hash);
+        assert_eq!(checked[0].samples, Some(8));
+        let err = parse_file(Path::new("a.yaml"), "- id: a\n  prompt: hi\n  samples: 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("a.yaml:3:") && err.contains("from 1 to 1000"),
+            "{err}"
+        );
     }
 
     #[test]

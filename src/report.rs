@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use crate::diff::render_text;
-use crate::judge::{Against, JudgedItem, RunJudgement};
+use crate::judge::{Against, DiffPair, JudgedItem, RunJudgement};
 use crate::store::StoredResult;
 use crate::verdict::Verdict;
 
@@ -51,6 +51,11 @@ pub fn to_json(judgement: &RunJudgement, latency: &BTreeMap<String, (i64, i64)>)
             });
             if let Some((p50, p95)) = latency.get(&lane.lane) {
                 value["latency_ms"] = json!({"p50": p50, "p95": p95});
+            }
+            if let Some(test) = &lane.test {
+                value["p_value"] = json!(test.p_value);
+                value["alpha"] = json!(test.alpha);
+                value["sampled_prompts"] = json!(test.prompts);
             }
             value
         })
@@ -127,7 +132,11 @@ pub fn shows_diff(item: &JudgedItem, all: bool) -> bool {
     }
 }
 
-/// One item: heading, reasons, and the diff of baseline vs the first differing output.
+/// Distinct run answers shown per item; the rest are counted.
+pub const DIFFS_PER_ITEM: usize = 3;
+
+/// One item: heading, reasons, and a diff of each distinct run answer that is not the
+/// baseline's against its closest baseline answer (least similar first).
 pub fn item(lane: &str, item: &JudgedItem, run_id: i64, color: bool) -> String {
     let judgement = &item.judgement;
     let mut out = format!("{lane} / {}: {}", judgement.id, judgement.verdict);
@@ -141,30 +150,67 @@ pub fn item(lane: &str, item: &JudgedItem, run_id: i64, color: bool) -> String {
     for reason in &judgement.reasons {
         out.push_str(&format!("  - {reason}\n"));
     }
-    let Some(baseline) = &item.baseline else {
-        return out;
-    };
-    let differing = item
-        .samples
-        .iter()
-        .enumerate()
-        .find(|(_, s)| s.output.as_deref().is_some_and(|o| o != baseline.text));
-    if let Some((index, sample)) = differing {
-        let output = sample.output.as_deref().unwrap_or_default();
-        let model = |m: &Option<String>| {
-            m.as_deref()
-                .map(|m| format!(", model {m}"))
-                .unwrap_or_default()
-        };
-        let old_label = format!("baseline ({}{})", baseline.origin, model(&baseline.model));
-        let new_label = format!("run {run_id} sample {index}{}", model(&sample.model));
+    let (pairs, more) = item.diff_pairs(DIFFS_PER_ITEM);
+    for pair in &pairs {
+        let (old_label, new_label) = diff_labels(item, pair, run_id);
         out.push_str(&render_text(
-            &baseline.text,
-            output,
+            &pair.baseline.text,
+            pair.output,
             &old_label,
             &new_label,
             color,
         ));
     }
+    if more > 0 {
+        out.push_str(&format!("  ({more} more distinct answers not shown)\n"));
+    }
     out
+}
+
+/// The labels of the two sides of a diff: which baseline answer, which run samples.
+pub fn diff_labels(item: &JudgedItem, pair: &DiffPair<'_>, run_id: i64) -> (String, String) {
+    let model = |m: Option<&str>| m.map(|m| format!(", model {m}")).unwrap_or_default();
+    let Some(baseline) = &item.baseline else {
+        return (String::new(), String::new());
+    };
+    let which = if baseline.answers.len() > 1 {
+        let rank = baseline
+            .answers
+            .iter()
+            .position(|a| a.text == pair.baseline.text)
+            .map_or(0, |i| i + 1);
+        format!(
+            ", answer {rank} of {}, given by {} of {} samples",
+            baseline.answers.len(),
+            pair.baseline.count,
+            baseline.samples()
+        )
+    } else {
+        String::new()
+    };
+    let old = format!(
+        "baseline ({}{}{which})",
+        baseline.origin,
+        model(baseline.model.as_deref())
+    );
+    let first = pair.samples[0];
+    let samples = if pair.samples.len() == 1 {
+        format!("sample {first}")
+    } else {
+        format!(
+            "samples {} ({} of {})",
+            pair.samples
+                .iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            pair.samples.len(),
+            item.samples.len()
+        )
+    };
+    let new = format!(
+        "run {run_id} {samples}{}",
+        model(item.samples[first].model.as_deref())
+    );
+    (old, new)
 }

@@ -9,13 +9,17 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::sync::mpsc;
 
+use crate::checks::normalize_whitespace;
 use crate::completion::Completion;
-use crate::config::Config;
+use crate::config::{AUTO_BASELINE_SAMPLES, AUTO_SAMPLES, Config, SampleCount};
 use crate::deadline::Deadline;
+use crate::judge::RunJudgement;
 use crate::metrics::LaneStatus;
 use crate::prompts::{Prompt, PromptSet};
 use crate::router::{Attempt, Router};
+use crate::snapshot::{Snapshot, SnapshotError};
 use crate::store::{NewResult, Store, StoreError};
+use crate::verdict::{Mode, Verdict, mode_of};
 
 /// What a run will do.
 #[derive(Debug, Clone)]
@@ -26,8 +30,131 @@ pub struct Plan<'a> {
     pub skipped: Vec<(String, String)>,
     /// Prompts to send.
     pub prompts: Vec<&'a Prompt>,
-    /// Samples per (lane, prompt).
+    /// How many samples of each (lane, prompt), lane by lane in prompt order.
+    pub items: Vec<PlannedItem<'a>>,
+}
+
+/// The samples of one (lane, prompt) in a run.
+#[derive(Debug, Clone)]
+pub struct PlannedItem<'a> {
+    /// Lane.
+    pub lane: String,
+    /// Prompt.
+    pub prompt: &'a Prompt,
+    /// First sample number (above 0 when more samples are added to a run).
+    pub first: u32,
+    /// Samples to take.
     pub samples: u32,
+    /// Whether canary chose the number (`auto`), so it may take more to confirm a change.
+    pub auto: bool,
+}
+
+impl Plan<'_> {
+    /// Jobs in all.
+    pub fn jobs(&self) -> usize {
+        self.items.iter().map(|i| i.samples as usize).sum()
+    }
+
+    /// The most samples any (lane, prompt) gets.
+    pub fn max_samples(&self) -> u32 {
+        self.items.iter().map(|i| i.samples).max().unwrap_or(1)
+    }
+}
+
+/// How many samples a (lane, prompt) gets: `--samples`, else the prompt's `samples:`, else
+/// `drift.samples` (`auto`: one where the lane's baseline shows it answers the prompt exactly,
+/// [`AUTO_SAMPLES`] everywhere else). Returns the count and whether canary chose it.
+pub fn samples_for(
+    config: &Config,
+    prompt: &Prompt,
+    baseline: Option<&Snapshot>,
+    flag: Option<u32>,
+) -> (u32, bool) {
+    if let Some(n) = flag.or(prompt.samples) {
+        return (n.max(1), false);
+    }
+    match config.drift.samples {
+        SampleCount::Fixed(n) => (n, false),
+        SampleCount::Auto => {
+            let exact = baseline.is_some_and(|snapshot| {
+                snapshot.header.prompt_hash == prompt.hash
+                    && mode_of(&snapshot.answers, snapshot.header.noise.as_ref()) == Mode::Exact
+            });
+            (if exact { 1 } else { AUTO_SAMPLES }, true)
+        }
+    }
+}
+
+/// More samples of an item of a run, and why.
+#[derive(Debug, Clone)]
+pub struct MoreSamples<'a> {
+    /// The samples to add.
+    pub item: PlannedItem<'a>,
+    /// Why, for the log.
+    pub why: &'static str,
+}
+
+/// More samples for the items of `plan` whose number canary chose (`auto`), where the first
+/// answers show they are needed:
+/// - an answer that left its **exact** baseline: up to [`AUTO_SAMPLES`], to tell a lane that
+///   changed (every sample differs) from one that is not as exact as its baseline looked;
+/// - a **sampled** prompt the lane's test found drifted: up to [`AUTO_BASELINE_SAMPLES`], to
+///   confirm it on more answers (more samples can only clear a false alarm, never make one);
+/// - answers that **vary** with no baseline of several samples to judge them (a new or stale
+///   prompt, a one-sample baseline): up to [`AUTO_BASELINE_SAMPLES`], so that accepting this run
+///   gives a baseline that represents the lane's spread well.
+///
+/// Either way the run can then be accepted as a baseline of several samples.
+pub fn more_samples<'a>(plan: &Plan<'a>, preview: &RunJudgement) -> Vec<MoreSamples<'a>> {
+    let mut more = Vec::new();
+    for item in plan.items.iter().filter(|item| item.auto) {
+        let Some(judged) = preview
+            .lanes
+            .iter()
+            .filter(|l| l.lane == item.lane)
+            .flat_map(|l| &l.items)
+            .find(|judged| judged.judgement.id == item.prompt.id)
+        else {
+            continue;
+        };
+        let j = &judged.judgement;
+        let varies = {
+            let mut answers: Vec<String> = judged
+                .samples
+                .iter()
+                .filter_map(|s| s.output.as_deref().map(normalize_whitespace))
+                .collect();
+            answers.sort_unstable();
+            answers.dedup();
+            answers.len() > 1
+        };
+        let (target, why) = match (j.mode, j.verdict) {
+            (Some(Mode::Exact), Verdict::Drifted) => (
+                AUTO_SAMPLES,
+                "the answer left its exact baseline; more samples confirm it",
+            ),
+            (Some(Mode::Sampled), Verdict::Drifted) => (
+                AUTO_BASELINE_SAMPLES,
+                "the answers moved from the baseline's; more samples confirm it",
+            ),
+            (None, Verdict::New | Verdict::Stale) | (Some(Mode::Single), _) if varies => (
+                AUTO_BASELINE_SAMPLES,
+                "the answers vary; more samples make a baseline that shows how much",
+            ),
+            _ => continue,
+        };
+        if target > item.samples {
+            more.push(MoreSamples {
+                item: PlannedItem {
+                    first: item.first + item.samples,
+                    samples: target - item.samples,
+                    ..item.clone()
+                },
+                why,
+            });
+        }
+    }
+    more
 }
 
 /// The run cannot be planned as asked.
@@ -42,16 +169,19 @@ pub enum PlanError {
     /// Nothing is left to measure.
     #[error("no enabled lane to measure{0}")]
     NoLanes(String),
+    /// A baseline could not be read to size the run.
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
 }
 
-/// Works out which lanes and prompts a run covers.
+/// Works out which lanes and prompts a run covers, and how many samples of each.
 pub fn plan<'a>(
     config: &Config,
     router: &Router,
     set: &'a PromptSet,
     only_lanes: &[String],
     only_prompts: &[String],
-    samples: u32,
+    samples: Option<u32>,
 ) -> Result<Plan<'a>, PlanError> {
     let names: Vec<&str> = config.lanes.iter().map(|l| l.name.as_str()).collect();
     for lane in only_lanes {
@@ -100,16 +230,30 @@ pub fn plan<'a>(
         };
         return Err(PlanError::NoLanes(why));
     }
-    let prompts = set
+    let prompts: Vec<&Prompt> = set
         .prompts
         .iter()
         .filter(|p| only_prompts.is_empty() || only_prompts.contains(&p.id))
         .collect();
+    let mut items = Vec::new();
+    for (lane, _) in &lanes {
+        for prompt in &prompts {
+            let baseline = Snapshot::load(&config.snapshots, lane, &prompt.id)?;
+            let (count, auto) = samples_for(config, prompt, baseline.as_ref(), samples);
+            items.push(PlannedItem {
+                lane: lane.clone(),
+                prompt,
+                first: 0,
+                samples: count,
+                auto,
+            });
+        }
+    }
     Ok(Plan {
         lanes,
         skipped,
         prompts,
-        samples: samples.max(1),
+        items,
     })
 }
 
@@ -133,16 +277,19 @@ pub async fn execute(
     router: &Router,
     store: &mut Store,
 ) -> Result<usize, StoreError> {
-    let total = plan.lanes.len() * plan.prompts.len() * plan.samples as usize;
+    let total = plan.jobs();
     let progress = progress_bar(total as u64);
     let (sender, mut receiver) = mpsc::unbounded_channel::<Finished<'_>>();
 
     let mut workers = Vec::new();
     for (lane, max_inflight) in &plan.lanes {
         let queue: Mutex<VecDeque<(&Prompt, u32)>> = Mutex::new(
-            plan.prompts
+            plan.items
                 .iter()
-                .flat_map(|p| (0..plan.samples).map(move |s| (*p, s)))
+                .filter(|item| &item.lane == lane)
+                .flat_map(|item| {
+                    (item.first..item.first + item.samples).map(move |s| (item.prompt, s))
+                })
                 .collect(),
         );
         let queue = std::sync::Arc::new(queue);

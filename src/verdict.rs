@@ -1,28 +1,36 @@
 //! Where drift is decided.
 //!
-//! Each (lane, prompt) of a run is judged against its baseline on several axes, each reported
-//! with its reason: text similarity, checks that stopped passing, a changed extracted answer,
-//! length far outside the baseline's, a refusal flip. The baseline's own noise band (from its
-//! samples) widens what counts as noise. Identity (model, fingerprint) is judged per lane across
-//! the whole run, because some providers' fingerprints flicker answer to answer.
+//! How a (lane, prompt) is judged depends on what its baseline's own samples show:
+//! - **exact**: two or more samples, all the same answer. The lane answers this prompt
+//!   deterministically, so each answer of the run is judged on its own against that answer, on
+//!   several axes, each reported with its reason: text similarity, checks that stopped passing, a
+//!   changed extracted answer, length far outside the baseline's, a refusal flip;
+//! - **single**: one sample (or an older snapshot that kept one answer and a noise band): judged
+//!   the same way, since one sample cannot show whether the lane varies;
+//! - **sampled**: samples that differ. The lane's answers vary, so no single answer can be judged
+//!   on its own; the run's samples and the baseline's are compared as distributions by the
+//!   two-sample test of [`crate::drift`], every sampled prompt of the lane at once, with the
+//!   false-alarm rate `drift.alpha`.
+//!
+//! Identity (model, fingerprint) is judged per lane across the whole run, because some
+//! providers' fingerprints flicker answer to answer.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::time::Duration;
 
 use serde::Serialize;
-use similar::{Algorithm, TextDiff};
 
 use crate::checks::{evaluate_all, extract_answer, is_refusal, normalize_whitespace};
+use crate::drift::{PromptFinding, format_p};
 use crate::prompts::Prompt;
-use crate::snapshot::Noise;
+use crate::snapshot::{Answer, Noise};
+
+pub use crate::drift::axes::similarity;
 
 /// Length ratios inside this band are never drift on their own.
 pub const DEFAULT_LENGTH_BAND: [f64; 2] = [0.5, 2.0];
 /// Length changes smaller than this many characters are never drift (short answers are noisy).
 const LENGTH_SLACK_CHARS: usize = 16;
-/// Longest a similarity computation may take; huge outputs get an approximate ratio instead.
-const SIMILARITY_TIME_LIMIT: Duration = Duration::from_millis(500);
 
 /// The verdict of a (lane, prompt) in a run, or of a lane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -77,21 +85,102 @@ impl fmt::Display for Verdict {
     }
 }
 
-/// What a lane's verdict is judged against: a baseline's text, identity and noise band.
+/// How a (lane, prompt) is judged, decided by its baseline's samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Two or more samples, all the same answer: each run answer is judged on its own.
+    Exact,
+    /// Samples that differ: the run's samples are tested against the baseline's.
+    Sampled,
+    /// One sample: each run answer is judged on its own, as for an exact baseline.
+    Single,
+}
+
+impl Mode {
+    /// The name used in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Exact => "exact",
+            Mode::Sampled => "sampled",
+            Mode::Single => "single",
+        }
+    }
+}
+
+/// How answers are judged against a baseline of these answers (and, for an older snapshot that
+/// kept one answer, its noise band).
+pub fn mode_of(answers: &[Answer], noise: Option<&Noise>) -> Mode {
+    let samples: u32 = answers.iter().map(|a| a.count).sum();
+    if let Some(noise) = noise {
+        // An older snapshot: one answer kept; its band says whether the samples agreed.
+        return if samples >= 2 && noise.similarity_floor >= 1.0 {
+            Mode::Exact
+        } else {
+            Mode::Single
+        };
+    }
+    if samples < 2 {
+        return Mode::Single;
+    }
+    let first = answers
+        .first()
+        .map(|a| normalize_whitespace(&a.text))
+        .unwrap_or_default();
+    if answers
+        .iter()
+        .all(|a| normalize_whitespace(&a.text) == first)
+    {
+        Mode::Exact
+    } else {
+        Mode::Sampled
+    }
+}
+
+/// What a lane's verdict is judged against: a baseline's answers and identity.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Baseline {
-    /// The primary output.
-    pub text: String,
+    /// Its distinct answers, most frequent first, with how many samples gave each.
+    pub answers: Vec<Answer>,
     /// Prompt hash it was made from.
     pub prompt_hash: String,
     /// Model reported then.
     pub model: Option<String>,
     /// Fingerprint reported then.
     pub fingerprint: Option<String>,
-    /// Its noise band.
-    pub noise: Noise,
+    /// The noise band of an older snapshot that kept only its first answer of several samples.
+    pub noise: Option<Noise>,
     /// Where it came from, for people (`snapshots/free/x.snap (run 4)`, `run 9`).
     pub origin: String,
+}
+
+impl Baseline {
+    /// The most frequent answer.
+    pub fn primary(&self) -> &str {
+        self.answers.first().map_or("", |a| a.text.as_str())
+    }
+
+    /// Samples behind it.
+    pub fn samples(&self) -> u32 {
+        self.answers.iter().map(|a| a.count).sum()
+    }
+
+    /// How answers are judged against it.
+    pub fn mode(&self) -> Mode {
+        mode_of(&self.answers, self.noise.as_ref())
+    }
+
+    /// The baseline answer closest to `output`, and its similarity.
+    pub fn closest(&self, output: &str) -> (&Answer, f64) {
+        let mut best: Option<(&Answer, f64)> = None;
+        for answer in &self.answers {
+            let sim = similarity(&answer.text, output);
+            if best.is_none_or(|(_, s)| sim > s) {
+                best = Some((answer, sim));
+            }
+        }
+        best.unwrap_or((&self.answers[0], 0.0))
+    }
 }
 
 /// One answer of the run to judge.
@@ -114,7 +203,7 @@ pub struct ItemJudgement {
     pub id: String,
     /// Verdict.
     pub verdict: Verdict,
-    /// Lowest similarity of the samples to the baseline.
+    /// Lowest similarity of a sample to its closest baseline answer.
     pub similarity: Option<f64>,
     /// Why, one reason per axis that moved (or why it could not be judged).
     pub reasons: Vec<String>,
@@ -124,6 +213,15 @@ pub struct ItemJudgement {
     pub samples: usize,
     /// Samples that answered.
     pub answered: usize,
+    /// How it was judged (absent for new, stale and failed items).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+    /// Samples behind the baseline it was judged against.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline_samples: Option<u32>,
+    /// The two-sample test's p-value, for sampled items.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p_value: Option<f64>,
 }
 
 /// Settings that shape the judgement.
@@ -131,8 +229,10 @@ pub struct ItemJudgement {
 pub struct Rules {
     /// Default similarity threshold.
     pub threshold: f64,
-    /// Drifted prompts that make a lane drifted.
+    /// Drifted prompts (exact or single) that make a lane drifted.
     pub min_drifted: MinDrifted,
+    /// False-alarm rate of the two-sample test of a lane's sampled prompts.
+    pub alpha: f64,
 }
 
 /// How many drifted prompts make a lane drifted.
@@ -153,22 +253,10 @@ impl MinDrifted {
     }
 }
 
-/// Word-level similarity of two texts after whitespace normalisation, in [0, 1].
-pub fn similarity(a: &str, b: &str) -> f64 {
-    // Words only: whitespace tokens would match almost everywhere and inflate the ratio.
-    let a: Vec<&str> = a.split_whitespace().collect();
-    let b: Vec<&str> = b.split_whitespace().collect();
-    if a == b {
-        return 1.0;
-    }
-    TextDiff::configure()
-        .algorithm(Algorithm::Patience)
-        .timeout(SIMILARITY_TIME_LIMIT)
-        .diff_slices(&a, &b)
-        .ratio() as f64
-}
-
 /// Judges the samples of one (lane, prompt) against its baseline.
+///
+/// Exact and single baselines are decided here. A sampled item comes back `unchanged` or
+/// `within_noise` with its mode set: its verdict is the lane test's, applied by [`apply_test`].
 pub fn judge_item(
     prompt: &Prompt,
     rules: &Rules,
@@ -184,6 +272,9 @@ pub fn judge_item(
         review: false,
         samples: samples.len(),
         answered: answered.len(),
+        mode: None,
+        baseline_samples: None,
+        p_value: None,
     };
     if answered.is_empty() {
         let mut errors: Vec<String> = samples.iter().filter_map(|s| s.error.clone()).collect();
@@ -210,17 +301,49 @@ pub fn judge_item(
         ));
         return judgement;
     }
-    let threshold = prompt.threshold.unwrap_or(rules.threshold);
-    let mut drifted = 0;
-    let mut identical = 0;
-    let mut lowest: f64 = 1.0;
+    let mode = baseline.mode();
+    judgement.mode = Some(mode);
+    judgement.baseline_samples = Some(baseline.samples());
+    let known: Vec<String> = baseline
+        .answers
+        .iter()
+        .map(|a| normalize_whitespace(&a.text))
+        .collect();
+    let identical = answered
+        .iter()
+        .filter(|o| known.contains(&normalize_whitespace(o)))
+        .count();
+    let lowest = answered
+        .iter()
+        .map(|o| baseline.closest(o).1)
+        .fold(1.0, f64::min);
+    judgement.similarity = Some(round3(lowest));
+    let failed = samples.len() - answered.len();
     let mut reasons: Vec<String> = Vec::new();
-    for output in &answered {
-        let (sim, sample_reasons) = judge_sample(prompt, threshold, baseline, output);
-        lowest = lowest.min(sim);
-        if normalize_whitespace(output) == normalize_whitespace(&baseline.text) {
-            identical += 1;
+    if mode == Mode::Sampled {
+        judgement.verdict = if identical == answered.len() {
+            Verdict::Unchanged
+        } else {
+            Verdict::WithinNoise
+        };
+        if failed > 0 {
+            reasons.push(format!(
+                "{failed} of {} samples gave no answer",
+                samples.len()
+            ));
         }
+        judgement.reasons = reasons;
+        return judgement;
+    }
+
+    let threshold = prompt.threshold.unwrap_or(rules.threshold);
+    let noise = baseline
+        .noise
+        .clone()
+        .unwrap_or_else(|| noise_band(prompt, &[baseline.primary()]));
+    let mut drifted = 0;
+    for output in &answered {
+        let sample_reasons = judge_sample(prompt, threshold, baseline.primary(), &noise, output);
         if !sample_reasons.is_empty() {
             drifted += 1;
             for reason in sample_reasons {
@@ -230,8 +353,6 @@ pub fn judge_item(
             }
         }
     }
-    judgement.similarity = Some(round3(lowest));
-    let failed = samples.len() - answered.len();
     if failed > 0 {
         reasons.push(format!(
             "{failed} of {} samples gave no answer",
@@ -254,21 +375,61 @@ pub fn judge_item(
                 answered.len()
             ),
         );
+        if mode == Mode::Exact && identical > 0 {
+            reasons.push(format!(
+                "the lane gave its baseline's answer in {identical} of {} samples and others besides: it does not answer this prompt exactly; accept this run to judge it by its samples",
+                answered.len()
+            ));
+        }
     }
     judgement.reasons = reasons;
     judgement
 }
 
-/// Judges one output; returns its similarity and the reasons it is outside tolerance.
+/// Applies the lane's two-sample test to a sampled item: drifted when the lane's test rejected
+/// (`lane_drifted`) and this prompt's own p-value is at most `alpha`.
+pub fn apply_test(
+    judgement: &mut ItemJudgement,
+    finding: &PromptFinding,
+    lane_drifted: bool,
+    alpha: f64,
+) {
+    judgement.p_value = Some(finding.p_value);
+    let (base, run) = finding.sizes;
+    let summary = format!(
+        "{run} samples against the baseline's {base}: p = {}",
+        format_p(finding.p_value)
+    );
+    let mut reasons = Vec::new();
+    if finding.p_value <= alpha && lane_drifted {
+        judgement.verdict = Verdict::Drifted;
+        reasons.extend(finding.reasons(alpha));
+        reasons.push(summary);
+    } else {
+        reasons.push(if finding.p_value <= alpha {
+            format!("{summary} on its own, but the lane's test over all its sampled prompts is above alpha {alpha}: not drift")
+        } else {
+            format!("{summary}, within the spread of the baseline's own samples")
+        });
+        if judgement.verdict == Verdict::WithinNoise {
+            reasons.extend(finding.reasons(alpha));
+        }
+    }
+    reasons.append(&mut judgement.reasons);
+    judgement.reasons = reasons;
+}
+
+/// Judges one output against an exact or single baseline's answer; returns the reasons it is
+/// outside tolerance.
 fn judge_sample(
     prompt: &Prompt,
     threshold: f64,
-    baseline: &Baseline,
+    baseline: &str,
+    noise: &Noise,
     output: &str,
-) -> (f64, Vec<String>) {
+) -> Vec<String> {
     let mut reasons = Vec::new();
-    let noise = &baseline.noise;
-    let sim = similarity(&baseline.text, output);
+    let sim = similarity(baseline, output);
     let floor = threshold.min(noise.similarity_floor);
     if sim < floor {
         reasons.push(if noise.similarity_floor < threshold {
@@ -278,7 +439,7 @@ fn judge_sample(
         });
     }
 
-    let before = evaluate_all(&prompt.checks, &baseline.text);
+    let before = evaluate_all(&prompt.checks, baseline);
     let after = evaluate_all(&prompt.checks, output);
     for (was, now) in before.iter().zip(&after) {
         if was.passed && !now.passed && !noise.flaky_checks.contains(&was.name) {
@@ -291,7 +452,7 @@ fn judge_sample(
 
     if let Some(found) = extract_answer(&prompt.checks, output) {
         let known: Vec<String> = if noise.answers.is_empty() {
-            extract_answer(&prompt.checks, &baseline.text)
+            extract_answer(&prompt.checks, baseline)
                 .flatten()
                 .into_iter()
                 .collect()
@@ -309,7 +470,7 @@ fn judge_sample(
         }
     }
 
-    let (old_len, new_len) = (baseline.text.chars().count(), output.chars().count());
+    let (old_len, new_len) = (baseline.chars().count(), output.chars().count());
     let ratio = new_len as f64 / old_len.max(1) as f64;
     let band = [
         DEFAULT_LENGTH_BAND[0].min(noise.length_ratio[0] * 0.8),
@@ -322,7 +483,7 @@ fn judge_sample(
         ));
     }
 
-    let baseline_refused = noise.refusal.unwrap_or_else(|| is_refusal(&baseline.text));
+    let baseline_refused = noise.refusal.unwrap_or_else(|| is_refusal(baseline));
     if noise.refusal.is_some() || noise.similarity_floor >= 1.0 {
         match (baseline_refused, is_refusal(output)) {
             (false, true) => reasons.push("declines where the baseline answered".into()),
@@ -330,7 +491,7 @@ fn judge_sample(
             _ => {}
         }
     }
-    (sim, reasons)
+    reasons
 }
 
 /// The noise band of a set of accepted samples (the first is the primary).
@@ -433,10 +594,30 @@ fn most_common<'a>(values: impl Iterator<Item = &'a str>) -> &'a str {
         .map_or("", |(value, _)| value)
 }
 
-/// The verdict of a whole lane from its items and identity reasons.
+/// A lane's two-sample test over its sampled prompts, as the lane verdict needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LaneTest {
+    /// The lane's p-value.
+    pub p_value: f64,
+    /// Sampled prompts it covered.
+    pub prompts: usize,
+    /// The false-alarm rate it was judged at.
+    pub alpha: f64,
+}
+
+impl LaneTest {
+    /// Whether the lane's answers moved: p at most alpha.
+    pub fn rejected(&self) -> bool {
+        self.p_value <= self.alpha
+    }
+}
+
+/// The verdict of a whole lane from its items, identity reasons and the test of its sampled
+/// prompts.
 pub fn judge_lane(
     items: &[ItemJudgement],
     identity: &[String],
+    test: Option<&LaneTest>,
     rules: &Rules,
 ) -> (Verdict, Vec<String>) {
     let mut counts: BTreeMap<Verdict, usize> = BTreeMap::new();
@@ -444,9 +625,13 @@ pub fn judge_lane(
         *counts.entry(item.verdict).or_default() += 1;
     }
     let count = |v: Verdict| counts.get(&v).copied().unwrap_or(0);
-    let alerting = items
+    let drifted = |i: &&ItemJudgement| i.verdict == Verdict::Drifted && !i.review;
+    let alerting = items.iter().filter(drifted).count();
+    // Sampled prompts are decided together by the test, not counted one by one.
+    let decided_alone = items
         .iter()
-        .filter(|i| i.verdict == Verdict::Drifted && !i.review)
+        .filter(drifted)
+        .filter(|i| i.mode != Some(Mode::Sampled))
         .count();
     let review = items
         .iter()
@@ -465,6 +650,23 @@ pub fn judge_lane(
     if alerting > 0 {
         reasons.push(format!("{alerting} of {judged} judged prompts drifted"));
     }
+    if let Some(test) = test {
+        reasons.push(if test.rejected() {
+            format!(
+                "the answers of its {} sampled prompts moved: p = {} ≤ alpha {}",
+                test.prompts,
+                format_p(test.p_value),
+                test.alpha
+            )
+        } else {
+            format!(
+                "its {} sampled prompts are within noise: p = {} (alpha {})",
+                test.prompts,
+                format_p(test.p_value),
+                test.alpha
+            )
+        });
+    }
     if review > 0 {
         reasons.push(format!(
             "{review} prompts drifted on the control lane too: for review, not an alert"
@@ -473,7 +675,11 @@ pub fn judge_lane(
     if count(Verdict::Failed) > 0 {
         reasons.push(format!("{} prompts got no answer", count(Verdict::Failed)));
     }
-    let verdict = if !identity.is_empty() || rules.min_drifted.reached(alerting, judged) {
+    let sampled_moved = test.is_some_and(LaneTest::rejected);
+    let verdict = if !identity.is_empty()
+        || rules.min_drifted.reached(decided_alone, judged)
+        || sampled_moved
+    {
         Verdict::Drifted
     } else if count(Verdict::Failed) > 0 {
         Verdict::Failed
@@ -486,7 +692,7 @@ pub fn judge_lane(
     } else {
         Verdict::WithinNoise
     };
-    if verdict != Verdict::Drifted && alerting > 0 {
+    if verdict != Verdict::Drifted && decided_alone > 0 {
         reasons.push("below the lane's drift rule (drift.min_drifted)".into());
     }
     (verdict, reasons)
@@ -511,16 +717,21 @@ mod tests {
         Rules {
             threshold: 0.85,
             min_drifted: MinDrifted::Count(1),
+            alpha: 0.01,
         }
     }
 
     fn baseline(prompt: &Prompt, text: &str) -> Baseline {
+        baseline_of(prompt, &[text])
+    }
+
+    fn baseline_of(prompt: &Prompt, texts: &[&str]) -> Baseline {
         Baseline {
-            text: text.into(),
+            answers: crate::snapshot::distinct_answers(texts.iter().copied()),
             prompt_hash: prompt.hash.clone(),
             model: Some("m".into()),
             fingerprint: None,
-            noise: noise_band(prompt, &[text]),
+            noise: None,
             origin: "test".into(),
         }
     }
@@ -649,10 +860,12 @@ mod tests {
         ];
         let noise = noise_band(&p, &samples);
         assert!(noise.similarity_floor < 0.85, "{noise:?}");
+        // An older snapshot: the first answer and the band of all three.
         let b = Baseline {
-            noise,
+            noise: Some(noise),
             ..baseline(&p, samples[0])
         };
+        assert_eq!(b.mode(), Mode::Single);
         let j = judge_item(
             &p,
             &rules(),
@@ -717,6 +930,9 @@ mod tests {
             review,
             samples: 1,
             answered: 1,
+            mode: Some(Mode::Exact),
+            baseline_samples: Some(2),
+            p_value: None,
         };
         let two = Rules {
             min_drifted: MinDrifted::Count(2),
@@ -726,26 +942,163 @@ mod tests {
             item(Verdict::Drifted, false),
             item(Verdict::Unchanged, false),
         ];
-        assert_eq!(judge_lane(&items, &[], &rules()).0, Verdict::Drifted);
-        assert_eq!(judge_lane(&items, &[], &two).0, Verdict::WithinNoise);
+        assert_eq!(judge_lane(&items, &[], None, &rules()).0, Verdict::Drifted);
+        assert_eq!(judge_lane(&items, &[], None, &two).0, Verdict::WithinNoise);
         let reviewed = [
             item(Verdict::Drifted, true),
             item(Verdict::Unchanged, false),
         ];
-        assert_eq!(judge_lane(&reviewed, &[], &rules()).0, Verdict::WithinNoise);
+        assert_eq!(
+            judge_lane(&reviewed, &[], None, &rules()).0,
+            Verdict::WithinNoise
+        );
         let failed = [
             item(Verdict::Failed, false),
             item(Verdict::Unchanged, false),
         ];
-        assert_eq!(judge_lane(&failed, &[], &rules()).0, Verdict::Failed);
+        assert_eq!(judge_lane(&failed, &[], None, &rules()).0, Verdict::Failed);
         assert_eq!(
             judge_lane(
                 &[item(Verdict::Unchanged, false)],
                 &["model changed".into()],
+                None,
                 &rules()
             )
             .0,
             Verdict::Drifted
+        );
+    }
+
+    #[test]
+    fn the_baseline_s_own_samples_decide_how_it_is_judged() {
+        let p = prompt("");
+        assert_eq!(baseline_of(&p, &["a"]).mode(), Mode::Single);
+        assert_eq!(baseline_of(&p, &["a b", "a  b", "a b"]).mode(), Mode::Exact);
+        assert_eq!(baseline_of(&p, &["a", "b"]).mode(), Mode::Sampled);
+        let older = Baseline {
+            answers: vec![Answer {
+                text: "a".into(),
+                count: 5,
+            }],
+            noise: Some(Noise::default()),
+            ..baseline(&p, "a")
+        };
+        assert_eq!(older.mode(), Mode::Exact, "five samples, all alike");
+    }
+
+    #[test]
+    fn against_an_exact_baseline_a_changed_answer_is_drift_at_once() {
+        let p = prompt("  checks:\n    - answer: '(?i)\\b(yes|no)\\b'\n");
+        let exact = baseline_of(&p, &["Yes."; 10]);
+        let j = judge_item(&p, &rules(), Some(&exact), &[served("No.")]);
+        assert_eq!(j.verdict, Verdict::Drifted);
+        assert_eq!(j.mode, Some(Mode::Exact));
+        assert_eq!(j.baseline_samples, Some(10));
+        assert!(
+            j.reasons.contains(&"answer changed: yes → no".to_string()),
+            "{j:?}"
+        );
+    }
+
+    #[test]
+    fn an_exact_baseline_that_the_lane_does_not_keep_is_named_not_alarmed() {
+        let p = prompt("  checks:\n    - answer: '(?i)\\b(yes|no)\\b'\n");
+        let exact = baseline_of(&p, &["Yes."; 10]);
+        let mut samples = vec![served("No.")];
+        samples.extend((0..9).map(|_| served("Yes.")));
+        let j = judge_item(&p, &rules(), Some(&exact), &samples);
+        assert_eq!(j.verdict, Verdict::WithinNoise, "{j:?}");
+        assert!(
+            j.reasons
+                .iter()
+                .any(|r| r.contains("does not answer this prompt exactly")),
+            "{j:?}"
+        );
+    }
+
+    #[test]
+    fn a_sampled_item_waits_for_the_lane_test_and_takes_its_verdict() {
+        let p = prompt("");
+        let sampled = baseline_of(&p, &["one answer", "another answer", "one answer"]);
+        let mut j = judge_item(
+            &p,
+            &rules(),
+            Some(&sampled),
+            &[served("one answer"), served("one reply")],
+        );
+        assert_eq!(
+            (j.verdict, j.mode),
+            (Verdict::WithinNoise, Some(Mode::Sampled))
+        );
+        assert_eq!(
+            j.similarity,
+            Some(0.5),
+            "the closest baseline answer counts"
+        );
+        let finding = PromptFinding {
+            p_value: 0.004,
+            statistic: 0.3,
+            axes: vec![crate::drift::AxisFinding {
+                axis: crate::drift::axes::Axis::Text,
+                p_value: 0.004,
+                description: "similarity to the baseline 0.21 vs 0.47 within the baseline".into(),
+            }],
+            sizes: (3, 2),
+        };
+        let mut quiet = j.clone();
+        apply_test(&mut quiet, &finding, false, 0.01);
+        assert_eq!(quiet.verdict, Verdict::WithinNoise);
+        assert!(
+            quiet.reasons[0].contains("on its own, but the lane's test"),
+            "{quiet:?}"
+        );
+        apply_test(&mut j, &finding, true, 0.01);
+        assert_eq!(j.verdict, Verdict::Drifted);
+        assert_eq!(j.p_value, Some(0.004));
+        assert_eq!(
+            j.reasons,
+            [
+                "similarity to the baseline 0.21 vs 0.47 within the baseline, p = 0.004",
+                "2 samples against the baseline's 3: p = 0.004"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_lane_drifts_when_its_sampled_test_rejects_and_says_so_either_way() {
+        let item = ItemJudgement {
+            id: "x".into(),
+            verdict: Verdict::WithinNoise,
+            similarity: None,
+            reasons: vec![],
+            review: false,
+            samples: 5,
+            answered: 5,
+            mode: Some(Mode::Sampled),
+            baseline_samples: Some(5),
+            p_value: Some(0.03),
+        };
+        let moved = LaneTest {
+            p_value: 0.004,
+            prompts: 3,
+            alpha: 0.01,
+        };
+        let (verdict, reasons) =
+            judge_lane(std::slice::from_ref(&item), &[], Some(&moved), &rules());
+        assert_eq!(verdict, Verdict::Drifted);
+        assert_eq!(
+            reasons,
+            ["the answers of its 3 sampled prompts moved: p = 0.004 ≤ alpha 0.01"]
+        );
+        let quiet = LaneTest {
+            p_value: 0.2,
+            ..moved
+        };
+        let (verdict, reasons) = judge_lane(&[item], &[], Some(&quiet), &rules());
+        assert_eq!(verdict, Verdict::WithinNoise);
+        assert_eq!(
+            reasons,
+            ["its 3 sampled prompts are within noise: p = 0.20 (alpha 0.01)"]
         );
     }
 }

@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::judge::{JudgedLane, RunJudgement};
 use crate::lane::BoxFuture;
 use crate::store::{AlertRow, NewAlert, Store, StoreError};
-use crate::verdict::Verdict;
+use crate::verdict::{Mode, Verdict};
 use message::Message;
 
 /// The seam to the outside world for alerts: one implementation per channel.
@@ -108,6 +108,18 @@ pub async fn after_run(
         let Some(kind) = decide(lane, last.as_ref(), repeat_after, now) else {
             continue;
         };
+        if kind == Kind::Drift {
+            let confirm = config.drift.confirm;
+            let streak = drift_streak(store, &lane.lane, judgement.run_id, confirm)?;
+            if streak < confirm {
+                tracing::info!(
+                    "lane {}: drifted in {streak} consecutive run{} of the {confirm} drift.confirm asks for; no alert yet",
+                    lane.lane,
+                    if streak == 1 { "" } else { "s" }
+                );
+                continue;
+            }
+        }
         let drifting = last
             .as_ref()
             .is_some_and(|a| a.kind == Kind::Drift.as_str());
@@ -164,6 +176,39 @@ pub async fn after_run(
     Ok(outcome)
 }
 
+/// How many consecutive runs up to `through_run` (included, its verdicts stored) the lane
+/// drifted in, counting at most `enough`. Runs that could not judge the lane (it failed, or its
+/// prompts were new or stale) neither confirm nor clear a drift; a run that judged it without
+/// drift ends the streak.
+pub fn drift_streak(
+    store: &Store,
+    lane: &str,
+    through_run: i64,
+    enough: u32,
+) -> Result<u32, StoreError> {
+    let mut streak = 0;
+    let mut before = through_run + 1;
+    // Pages of history, since skipped runs do not count toward `enough`.
+    while streak < enough.max(1) {
+        let page = store.lane_history(lane, before, 64)?;
+        let Some(last) = page.last() else {
+            break;
+        };
+        before = last.run_id;
+        for row in &page {
+            match row.verdict.as_str() {
+                "drifted" => streak += 1,
+                "unchanged" | "within_noise" => return Ok(streak),
+                _ => {}
+            }
+            if streak >= enough.max(1) {
+                return Ok(streak);
+            }
+        }
+    }
+    Ok(streak)
+}
+
 /// Kinds of alert.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -208,7 +253,10 @@ pub fn decide(
     }
 }
 
-/// What drifted: the lane's identity reasons and the ids of its drifted prompts.
+/// What drifted: the lane's identity reasons, the ids of its drifted prompts that were judged
+/// one by one, and whether its sampled prompts moved. Which sampled prompts stand out changes
+/// from run to run with the samples drawn, so they are not part of it: a lane whose answers keep
+/// drifting is the same news every night.
 pub fn signature(lane: &JudgedLane) -> String {
     let mut parts: Vec<String> = lane
         .reasons
@@ -220,10 +268,14 @@ pub fn signature(lane: &JudgedLane) -> String {
         .items
         .iter()
         .filter(|i| i.judgement.verdict == Verdict::Drifted && !i.judgement.review)
+        .filter(|i| i.judgement.mode != Some(Mode::Sampled))
         .map(|i| i.judgement.id.as_str())
         .collect();
     drifted.sort_unstable();
     parts.extend(drifted.into_iter().map(str::to_string));
+    if lane.test.is_some_and(|t| t.rejected()) {
+        parts.push("sampled".into());
+    }
     parts.join(",")
 }
 
@@ -244,6 +296,9 @@ mod tests {
                     review: false,
                     samples: 1,
                     answered: 1,
+                    mode: Some(Mode::Exact),
+                    baseline_samples: Some(10),
+                    p_value: None,
                 },
                 baseline: None,
                 samples: vec![],
@@ -254,6 +309,7 @@ mod tests {
             verdict,
             reasons: vec![],
             items,
+            test: None,
         }
     }
 

@@ -53,6 +53,10 @@ pub async fn run(cli: &Cli, args: &AcceptArgs) -> anyhow::Result<i32> {
         .iter()
         .filter(|a| matches!(a, Acceptance::Written { .. }))
         .count();
+    let kept = done
+        .iter()
+        .filter(|a| matches!(a, Acceptance::Kept { .. }))
+        .count();
     match cli.format {
         Format::Json => {
             let items: Vec<serde_json::Value> = done
@@ -63,8 +67,18 @@ pub async fn run(cli: &Cli, args: &AcceptArgs) -> anyhow::Result<i32> {
                         prompt_id,
                         path,
                         samples,
+                        distinct,
                     } => serde_json::json!({
                         "lane": lane, "id": prompt_id, "accepted": true,
+                        "snapshot": path.display().to_string(), "samples": samples,
+                        "distinct": distinct}),
+                    Acceptance::Kept {
+                        lane,
+                        prompt_id,
+                        path,
+                        samples,
+                    } => serde_json::json!({
+                        "lane": lane, "id": prompt_id, "accepted": true, "kept": true,
                         "snapshot": path.display().to_string(), "samples": samples}),
                     Acceptance::Refused {
                         lane,
@@ -77,20 +91,30 @@ pub async fn run(cli: &Cli, args: &AcceptArgs) -> anyhow::Result<i32> {
             println!(
                 "{}",
                 serde_json::to_string_pretty(
-                    &serde_json::json!({"run_id": run_id, "accepted": written, "items": items})
+                    &serde_json::json!({"run_id": run_id, "accepted": written, "kept": kept, "items": items})
                 )?
             );
         }
         Format::Text => {
             for acceptance in &done {
                 match acceptance {
-                    Acceptance::Written { path, samples, .. } => {
-                        println!(
-                            "accepted  {} ({samples} sample{})",
-                            path.display(),
-                            if *samples == 1 { "" } else { "s" }
-                        );
+                    Acceptance::Written {
+                        path,
+                        samples,
+                        distinct,
+                        ..
+                    } => {
+                        let shape = match (*samples, *distinct) {
+                            (1, _) => "1 sample: whether the lane answers it exactly is not known yet, so the next runs sample it again".to_string(),
+                            (n, 1) => format!("{n} samples, all the same answer: judged exactly"),
+                            (n, d) => format!("{n} samples, {d} distinct answers: judged by its samples"),
+                        };
+                        println!("accepted  {} ({shape})", path.display());
                     }
+                    Acceptance::Kept { path, samples, .. } => println!(
+                        "kept      {} (its {samples} samples say the same with more evidence)",
+                        path.display()
+                    ),
                     Acceptance::Refused {
                         lane,
                         prompt_id,
@@ -98,14 +122,22 @@ pub async fn run(cli: &Cli, args: &AcceptArgs) -> anyhow::Result<i32> {
                     } => println!("refused   {lane}/{prompt_id}: {why}"),
                 }
             }
-            println!("{written} baselines written from run {run_id}");
+            if kept > 0 {
+                println!("{written} baselines written from run {run_id}, {kept} kept");
+            } else {
+                println!("{written} baselines written from run {run_id}");
+            }
         }
     }
     if done.is_empty() {
         anyhow::bail!("run {run_id} has no results matching the given --lane/--prompt");
     }
     // Nothing written is a failure a script should see, not a quiet success.
-    Ok(if written == 0 { super::EXIT_ERROR } else { 0 })
+    Ok(if written + kept == 0 {
+        super::EXIT_ERROR
+    } else {
+        0
+    })
 }
 
 /// `accept --samples N`: a fresh run of N samples per prompt, to accept with its noise band.
@@ -119,9 +151,16 @@ async fn calibration_run(
     let mut store = Store::open(&config.store)?;
     store.mark_interrupted()?;
     let router = Router::new(config, &process_env)?;
-    let plan = plan(config, &router, set, &args.lanes, &args.prompts, samples)?;
+    let plan = plan(
+        config,
+        &router,
+        set,
+        &args.lanes,
+        &args.prompts,
+        Some(samples),
+    )?;
     let lanes: Vec<String> = plan.lanes.iter().map(|(l, _)| l.clone()).collect();
-    let run_id = store.begin_run(&set.hash, plan.samples, &lanes)?;
+    let run_id = store.begin_run(&set.hash, plan.max_samples(), &lanes)?;
     tracing::info!("run {run_id}: calibrating with {samples} samples per prompt");
     execute(&plan, run_id, config, &router, &mut store).await?;
     store.finish_run(run_id, &[], &[], 0)?;

@@ -10,6 +10,7 @@ use crate::deadline::Deadline;
 use crate::prompts::PromptSet;
 use crate::router::Router;
 use crate::snapshot::Snapshot;
+use crate::verdict::{Mode, mode_of};
 
 #[derive(Debug, Serialize)]
 struct CheckJson {
@@ -18,7 +19,17 @@ struct CheckJson {
     prompts: usize,
     prompt_set_hash: String,
     baselines: usize,
+    /// Baselines by how they judge: `exact`, `sampled`, `single`.
+    baseline_modes: BaselineModes,
     lanes: Vec<LaneJson>,
+}
+
+/// How many baselines judge each way.
+#[derive(Debug, Default, Serialize)]
+struct BaselineModes {
+    exact: usize,
+    sampled: usize,
+    single: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -41,7 +52,8 @@ struct ProbeJson {
 pub async fn run(cli: &Cli, args: &CheckArgs) -> anyhow::Result<i32> {
     let config = load_config(&cli.config)?;
     let set = PromptSet::load(&config.prompts).context("invalid prompt set")?;
-    let baselines = count_baselines(&config, &set)?;
+    let modes = baseline_modes(&config, &set)?;
+    let baselines = modes.exact + modes.sampled + modes.single;
     let router = Router::new(&config, &process_env)?;
     let probes = if args.probe {
         // One deadline for the whole check: a hung lane cannot make `check` hang.
@@ -84,6 +96,7 @@ pub async fn run(cli: &Cli, args: &CheckArgs) -> anyhow::Result<i32> {
                 prompts: set.prompts.len(),
                 prompt_set_hash: set.hash.clone(),
                 baselines,
+                baseline_modes: modes,
                 lanes,
             };
             println!("{}", serde_json::to_string_pretty(&json)?);
@@ -97,22 +110,38 @@ pub async fn run(cli: &Cli, args: &CheckArgs) -> anyhow::Result<i32> {
                 &set.hash[..12],
                 config.snapshots.display()
             );
+            if baselines > 0 {
+                println!(
+                    "  baselines: {} exact (answered alike in every sample), {} sampled (answers vary: judged by a two-sample test at alpha {}), {} of one sample",
+                    modes.exact, modes.sampled, config.drift.alpha, modes.single
+                );
+            }
+            if modes.single > 0 {
+                println!(
+                    "  note: a baseline of one sample cannot show whether the lane answers exactly; accept a run of several samples (canary accept --samples 10)"
+                );
+            }
         }
     }
     Ok(if unanswered { EXIT_UNANSWERED } else { EXIT_OK })
 }
 
-/// Reads every baseline of every (lane, prompt), so a broken snapshot fails the check.
-fn count_baselines(config: &Config, set: &PromptSet) -> anyhow::Result<usize> {
-    let mut count = 0;
+/// Reads every baseline of every (lane, prompt), so a broken snapshot fails the check, and
+/// counts how each judges.
+fn baseline_modes(config: &Config, set: &PromptSet) -> anyhow::Result<BaselineModes> {
+    let mut modes = BaselineModes::default();
     for lane in &config.lanes {
         for prompt in &set.prompts {
-            if Snapshot::load(&config.snapshots, &lane.name, &prompt.id)?.is_some() {
-                count += 1;
+            if let Some(snapshot) = Snapshot::load(&config.snapshots, &lane.name, &prompt.id)? {
+                match mode_of(&snapshot.answers, snapshot.header.noise.as_ref()) {
+                    Mode::Exact => modes.exact += 1,
+                    Mode::Sampled => modes.sampled += 1,
+                    Mode::Single => modes.single += 1,
+                }
             }
         }
     }
-    Ok(count)
+    Ok(modes)
 }
 
 fn print_text(config: &Config, lanes: &[LaneJson]) {

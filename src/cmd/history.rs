@@ -4,6 +4,7 @@ use serde_json::json;
 
 use super::load_config;
 use crate::cli::{Cli, Format, HistoryArgs};
+use crate::drift::format_p;
 use crate::report;
 use crate::store::Store;
 use crate::verdict::Verdict;
@@ -45,13 +46,17 @@ pub fn run(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<i32> {
             let similarities: Vec<f64> = items.iter().filter_map(|v| v.similarity).collect();
             let mean_similarity = (!similarities.is_empty())
                 .then(|| similarities.iter().sum::<f64>() / similarities.len() as f64);
-            let verdict = if args.prompt.is_some() {
-                items.first().map(|v| v.verdict.clone())
+            let lane_row = lane_verdicts.iter().find(|row| &row.lane == lane);
+            let (verdict, p_value) = if args.prompt.is_some() {
+                (
+                    items.first().map(|v| v.verdict.clone()),
+                    items.first().and_then(|v| v.p_value),
+                )
             } else {
-                lane_verdicts
-                    .iter()
-                    .find(|(l, _)| l == lane)
-                    .map(|(_, v)| v.clone())
+                (
+                    lane_row.map(|row| row.verdict.clone()),
+                    lane_row.and_then(|row| row.p_value),
+                )
             };
             let counts: serde_json::Map<String, serde_json::Value> = Verdict::ALL
                 .iter()
@@ -76,6 +81,7 @@ pub fn run(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<i32> {
                 "verdict": verdict,
                 "counts": counts,
                 "similarity": mean_similarity.map(|s| (s * 1000.0).round() / 1000.0),
+                "p_value": p_value,
                 "latency_p50_ms": call_ms,
                 "outcome": if args.prompt.is_some() { lane_results.first().map(|r| r.outcome.clone()) } else { None },
             }));
@@ -92,7 +98,7 @@ pub fn run(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<i32> {
                 return Ok(0);
             }
             println!(
-                "{:>5}  {:20}  {:11}  {:10}  {:12}  {:>7}  {:>5}  {:>6}  {:>10}  {:>7}",
+                "{:>5}  {:20}  {:11}  {:10}  {:12}  {:>7}  {:>5}  {:>6}  {:>10}  {:>6}  {:>7}",
                 "run",
                 "started",
                 "status",
@@ -102,6 +108,7 @@ pub fn run(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<i32> {
                 "new",
                 "failed",
                 "similarity",
+                "p",
                 "p50 ms"
             );
             for row in &rows {
@@ -109,7 +116,7 @@ pub fn run(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<i32> {
                 let number =
                     |v: &serde_json::Value| v.as_i64().map_or("-".into(), |n| n.to_string());
                 println!(
-                    "{:>5}  {:20}  {:11}  {:10}  {:12}  {:>7}  {:>5}  {:>6}  {:>10}  {:>7}",
+                    "{:>5}  {:20}  {:11}  {:10}  {:12}  {:>7}  {:>5}  {:>6}  {:>10}  {:>6}  {:>7}",
                     number(&row["run_id"]),
                     text(&row["started_at"])
                         .chars()
@@ -124,6 +131,7 @@ pub fn run(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<i32> {
                     row["similarity"]
                         .as_f64()
                         .map_or("-".into(), |s| format!("{s:.3}")),
+                    row["p_value"].as_f64().map_or("-".into(), format_p),
                     number(&row["latency_p50_ms"]),
                 );
             }

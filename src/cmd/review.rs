@@ -85,7 +85,7 @@ pub fn run(cli: &Cli, args: &ReviewArgs) -> anyhow::Result<i32> {
             )?;
             for acceptance in done {
                 match acceptance {
-                    Acceptance::Written { path, .. } => {
+                    Acceptance::Written { path, .. } | Acceptance::Kept { path, .. } => {
                         accepted += 1;
                         writeln!(out, "accepted  {}", path.display())?;
                     }

@@ -10,7 +10,7 @@ use crate::judge::{Against, Judge};
 use crate::prompts::PromptSet;
 use crate::report;
 use crate::router::Router;
-use crate::run::{execute, plan};
+use crate::run::{Plan, execute, more_samples, plan};
 use crate::store::Store;
 use crate::store::lock::RunLock;
 
@@ -39,17 +39,18 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<i32> {
         tracing::info!("lane {lane}: switched off ({why}); not measured in this run");
     }
     let lane_names: Vec<String> = plan.lanes.iter().map(|(l, _)| l.clone()).collect();
-    let run_id = store.begin_run(&set.hash, plan.samples, &lane_names)?;
+    let run_id = store.begin_run(&set.hash, plan.max_samples(), &lane_names)?;
     lock.describe(&format!(
         "run {run_id} (pid {}, started {})",
         std::process::id(),
         chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
     ))?;
     tracing::info!(
-        "run {run_id}: {} prompts × {} lanes × {} samples",
+        "run {run_id}: {} prompts × {} lanes, {} answers ({})",
         plan.prompts.len(),
         plan.lanes.len(),
-        plan.samples
+        plan.jobs(),
+        sampling_summary(&plan)
     );
 
     let heartbeat = if args.no_alert {
@@ -60,8 +61,30 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<i32> {
     if let Some(heartbeat) = &heartbeat {
         beat(heartbeat, Beat::Start).await;
     }
+    let measuring = async {
+        let mut stored = execute(&plan, run_id, &config, &router, &mut store).await?;
+        let preview = Judge::new(&config, &store, &set).run(run_id, Against::Baselines)?;
+        let more = more_samples(&plan, &preview);
+        if !more.is_empty() {
+            for extra in &more {
+                tracing::info!(
+                    "{}/{}: {}: {} more samples",
+                    extra.item.lane,
+                    extra.item.prompt.id,
+                    extra.why,
+                    extra.item.samples
+                );
+            }
+            let more = Plan {
+                items: more.into_iter().map(|m| m.item).collect(),
+                ..plan.clone()
+            };
+            stored += execute(&more, run_id, &config, &router, &mut store).await?;
+        }
+        Ok::<usize, anyhow::Error>(stored)
+    };
     let stored = tokio::select! {
-        stored = execute(&plan, run_id, &config, &router, &mut store) => stored,
+        stored = measuring => stored,
         // Results are committed one by one, so stopping here loses nothing that finished.
         () = super::shutdown_signal() => {
             let kept = store.results(run_id).map(|r| r.len()).unwrap_or(0);
@@ -88,7 +111,7 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<i32> {
             )
             .await
         }
-        Err(err) => Err(err.into()),
+        Err(err) => Err(err),
     };
     match finished {
         Ok(exit_code) => {
@@ -137,21 +160,30 @@ async fn conclude(
                 similarity: i.judgement.similarity,
                 review: i.judgement.review,
                 reasons: i.judgement.reasons.clone(),
+                mode: i.judgement.mode.map(|m| m.as_str().to_string()),
+                p_value: i.judgement.p_value,
             })
         })
         .collect();
     let lanes: Vec<_> = judgement
         .lanes
         .iter()
-        .map(|l| {
-            (
-                l.lane.clone(),
-                l.verdict.as_str().to_string(),
-                l.reasons.clone(),
-            )
+        .map(|l| crate::store::LaneVerdictRow {
+            run_id,
+            lane: l.lane.clone(),
+            verdict: l.verdict.as_str().to_string(),
+            reasons: l.reasons.clone(),
+            p_value: l.test.map(|t| t.p_value),
         })
         .collect();
     store.finish_run(run_id, &items, &lanes, exit_code)?;
+    let mut streaks = std::collections::BTreeMap::new();
+    for lane in &judgement.lanes {
+        streaks.insert(
+            lane.lane.clone(),
+            alert::drift_streak(store, &lane.lane, run_id, config.drift.confirm)?,
+        );
+    }
 
     if let Some(path) = &config.metrics_file
         && let Err(err) =
@@ -190,6 +222,14 @@ async fn conclude(
         Format::Json => {
             let mut json = report::to_json(&judgement, &latency);
             json["results"] = serde_json::json!(stored);
+            json["confirm"] = serde_json::json!(config.drift.confirm);
+            if let Some(lanes) = json["lanes"].as_array_mut() {
+                for lane in lanes {
+                    let name = lane["lane"].as_str().unwrap_or_default().to_string();
+                    lane["drift_streak"] =
+                        serde_json::json!(streaks.get(&name).copied().unwrap_or(0));
+                }
+            }
             json["skipped_lanes"] = serde_json::json!(
                 skipped
                     .iter()
@@ -204,6 +244,7 @@ async fn conclude(
             config,
             run_id,
             stored,
+            &streaks,
             color_enabled(cli.color),
         ),
     };
@@ -218,6 +259,7 @@ fn summary(
     config: &crate::config::Config,
     run_id: i64,
     stored: usize,
+    streaks: &std::collections::BTreeMap<String, u32>,
     color: bool,
 ) -> String {
     use std::fmt::Write as _;
@@ -249,6 +291,18 @@ fn summary(
             let _ = writeln!(out, "  {line}");
         }
     }
+    let confirm = config.drift.confirm;
+    for lane in &judgement.lanes {
+        let streak = streaks.get(&lane.lane).copied().unwrap_or(0);
+        if lane.verdict == crate::verdict::Verdict::Drifted && confirm > 1 && streak < confirm {
+            let _ = writeln!(
+                out,
+                "\n{}: drifted in {streak} consecutive run{} of the {confirm} drift.confirm asks for before alerting",
+                lane.lane,
+                if streak == 1 { "" } else { "s" }
+            );
+        }
+    }
     let exit_code = judgement.exit_code();
     let status = match exit_code {
         0 => "no drift",
@@ -269,6 +323,25 @@ fn summary(
         );
     }
     out
+}
+
+/// How the run is sampled, for its first log line: `10 samples × 8, 1 sample × 5`.
+fn sampling_summary(plan: &Plan<'_>) -> String {
+    let mut by_count: std::collections::BTreeMap<u32, usize> = std::collections::BTreeMap::new();
+    for item in &plan.items {
+        *by_count.entry(item.samples).or_default() += 1;
+    }
+    by_count
+        .iter()
+        .rev()
+        .map(|(samples, items)| {
+            format!(
+                "{samples} sample{} × {items}",
+                if *samples == 1 { "" } else { "s" }
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The configured heartbeat, if any; a broken one is logged, never fatal.

@@ -86,4 +86,12 @@ pub const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX alerts_by_lane ON alerts (lane, id);
     "#,
+    // 2: how each item was judged and the two-sample test's p-values, so history can show a
+    // lane's p-value run by run.
+    r#"
+    ALTER TABLE verdicts ADD COLUMN mode TEXT;
+    ALTER TABLE verdicts ADD COLUMN p_value REAL;
+    ALTER TABLE lane_verdicts ADD COLUMN p_value REAL;
+    CREATE INDEX lane_verdicts_by_lane ON lane_verdicts (lane, run_id);
+    "#,
 ];

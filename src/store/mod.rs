@@ -154,6 +154,25 @@ pub struct VerdictRow {
     pub review: bool,
     /// Reasons.
     pub reasons: Vec<String>,
+    /// How it was judged: `exact`, `sampled` or `single`.
+    pub mode: Option<String>,
+    /// The two-sample test's p-value, for sampled items.
+    pub p_value: Option<f64>,
+}
+
+/// A stored verdict of one lane in one run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaneVerdictRow {
+    /// Run id.
+    pub run_id: i64,
+    /// Lane.
+    pub lane: String,
+    /// Verdict name.
+    pub verdict: String,
+    /// Reasons.
+    pub reasons: Vec<String>,
+    /// The p-value of the lane's two-sample test, when it had sampled prompts.
+    pub p_value: Option<f64>,
 }
 
 /// An alert to store for one channel.
@@ -386,7 +405,7 @@ impl Store {
         &mut self,
         run_id: i64,
         items: &[VerdictRow],
-        lanes: &[(String, String, Vec<String>)],
+        lanes: &[LaneVerdictRow],
         exit_code: i32,
     ) -> Result<(), StoreError> {
         let path = self.path.clone();
@@ -401,8 +420,9 @@ impl Store {
             .map_err(sql)?;
         for item in items {
             tx.execute(
-                "INSERT INTO verdicts (run_id, lane, prompt_id, verdict, similarity, review, reasons)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                "INSERT INTO verdicts (run_id, lane, prompt_id, verdict, similarity, review, reasons,
+                     mode, p_value)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                 params![
                     run_id,
                     item.lane,
@@ -410,15 +430,24 @@ impl Store {
                     item.verdict,
                     item.similarity,
                     item.review,
-                    serde_json::to_string(&item.reasons).unwrap_or_default()
+                    serde_json::to_string(&item.reasons).unwrap_or_default(),
+                    item.mode,
+                    item.p_value
                 ],
             )
             .map_err(sql)?;
         }
-        for (lane, verdict, reasons) in lanes {
+        for lane in lanes {
             tx.execute(
-                "INSERT INTO lane_verdicts (run_id, lane, verdict, reasons) VALUES (?1, ?2, ?3, ?4)",
-                params![run_id, lane, verdict, serde_json::to_string(reasons).unwrap_or_default()],
+                "INSERT INTO lane_verdicts (run_id, lane, verdict, reasons, p_value)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![
+                    run_id,
+                    lane.lane,
+                    lane.verdict,
+                    serde_json::to_string(&lane.reasons).unwrap_or_default(),
+                    lane.p_value
+                ],
             )
             .map_err(sql)?;
         }
@@ -507,8 +536,8 @@ impl Store {
         let mut stmt = self
             .conn
             .prepare(
-                "SELECT lane, prompt_id, verdict, similarity, review, reasons FROM verdicts
-                 WHERE run_id = ?1 ORDER BY lane, prompt_id",
+                "SELECT lane, prompt_id, verdict, similarity, review, reasons, mode, p_value
+                 FROM verdicts WHERE run_id = ?1 ORDER BY lane, prompt_id",
             )
             .map_err(|e| self.err(e))?;
         let rows = stmt
@@ -521,6 +550,8 @@ impl Store {
                     similarity: row.get(3)?,
                     review: row.get(4)?,
                     reasons: serde_json::from_str(&reasons).unwrap_or_default(),
+                    mode: row.get(6)?,
+                    p_value: row.get(7)?,
                 })
             })
             .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
@@ -528,14 +559,46 @@ impl Store {
         Ok(rows)
     }
 
-    /// Lane verdicts stored for a run: (lane, verdict).
-    pub fn lane_verdicts(&self, run_id: i64) -> Result<Vec<(String, String)>, StoreError> {
+    /// Lane verdicts stored for a run.
+    pub fn lane_verdicts(&self, run_id: i64) -> Result<Vec<LaneVerdictRow>, StoreError> {
+        self.lane_verdicts_where("run_id = ?1 ORDER BY lane", params![run_id])
+    }
+
+    /// A lane's verdicts in runs before `before_run`, newest first, at most `limit`.
+    pub fn lane_history(
+        &self,
+        lane: &str,
+        before_run: i64,
+        limit: usize,
+    ) -> Result<Vec<LaneVerdictRow>, StoreError> {
+        self.lane_verdicts_where(
+            "lane = ?1 AND run_id < ?2 ORDER BY run_id DESC LIMIT ?3",
+            params![lane, before_run, limit as i64],
+        )
+    }
+
+    fn lane_verdicts_where<P: rusqlite::Params>(
+        &self,
+        filter: &str,
+        params: P,
+    ) -> Result<Vec<LaneVerdictRow>, StoreError> {
         let mut stmt = self
             .conn
-            .prepare("SELECT lane, verdict FROM lane_verdicts WHERE run_id = ?1 ORDER BY lane")
+            .prepare(&format!(
+                "SELECT run_id, lane, verdict, reasons, p_value FROM lane_verdicts WHERE {filter}"
+            ))
             .map_err(|e| self.err(e))?;
         let rows = stmt
-            .query_map([run_id], |row| Ok((row.get(0)?, row.get(1)?)))
+            .query_map(params, |row| {
+                let reasons: String = row.get(3)?;
+                Ok(LaneVerdictRow {
+                    run_id: row.get(0)?,
+                    lane: row.get(1)?,
+                    verdict: row.get(2)?,
+                    reasons: serde_json::from_str(&reasons).unwrap_or_default(),
+                    p_value: row.get(4)?,
+                })
+            })
             .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
             .map_err(|e| self.err(e))?;
         Ok(rows)

@@ -495,7 +495,8 @@ async fn the_kill_switch_removes_a_lane_from_the_run_and_the_rest_is_measured() 
     assert_eq!(json["lanes"][0]["lane"], "paid");
     assert_eq!(json["skipped_lanes"][0]["lane"], "free");
     assert_eq!(free.requests(), 0);
-    assert_eq!(paid.requests(), 3);
+    // No baselines yet: ten samples of each prompt, enough to accept as baselines.
+    assert_eq!(paid.requests(), 3 * 10);
 }
 
 #[tokio::test]
@@ -567,8 +568,10 @@ async fn each_run_rewrites_the_prometheus_metrics_file() {
         metrics.contains("canary_lane_drifted{lane=\"local\"} 1"),
         "{metrics}"
     );
+    // One call per prompt, and nine more for each of the two prompts whose answer left its
+    // exact baseline, to confirm the change.
     assert!(
-        metrics.contains("canary_lane_call_seconds_count{lane=\"local\",outcome=\"served\"} 3"),
+        metrics.contains("canary_lane_call_seconds_count{lane=\"local\",outcome=\"served\"} 21"),
         "{metrics}"
     );
     assert!(
@@ -662,8 +665,9 @@ async fn init_scaffolds_a_project_that_checks_and_never_overwrites() {
 }
 
 #[tokio::test]
-async fn an_error_after_the_results_are_stored_closes_the_run_and_keeps_them() {
-    let (_behaviour, _server, project) = baselined().await;
+async fn a_broken_baseline_is_refused_before_any_request_is_sent() {
+    let (_behaviour, server, project) = baselined().await;
+    let before = server.requests();
     std::fs::write(
         project.file("snapshots/local/prime.snap"),
         "<<<<<<< HEAD\nnot a snapshot\n",
@@ -672,6 +676,70 @@ async fn an_error_after_the_results_are_stored_closes_the_run_and_keeps_them() {
 
     let out = canary(&project, &["run"]).await;
     assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("prime.snap"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(server.requests(), before, "nothing was sent");
+    assert_eq!(
+        project.store().run(None).unwrap().id,
+        1,
+        "no run was started"
+    );
+}
+
+#[tokio::test]
+async fn an_error_after_the_results_are_stored_closes_the_run_and_keeps_them() {
+    // Answers a little late, so a baseline can break while the run is under way.
+    let slow = TestServer::start(|_, seen| {
+        let prompt = prompt_of(seen);
+        let answer = if prompt.contains("capital") {
+            "The capital of France is Paris. It is known for the Eiffel Tower."
+        } else if prompt.contains("prime") {
+            "Yes."
+        } else {
+            r#"{"name": "Ada", "age": 36}"#
+        };
+        Reply::completion(answer, "smollm2").after(Duration::from_millis(300))
+    })
+    .await;
+    let project = Project::new(
+        &[],
+        &[LaneSpec::new("local", slow.base_url()).with("max_inflight: 1")],
+    );
+    project.write_prompts("set.yaml", PROMPTS);
+    // Two samples each make exact baselines, so the run takes one answer of each.
+    canary(&project, &["run", "--samples", "2"]).await;
+    canary(&project, &["accept"]).await;
+    let before = slow.requests();
+
+    let run = {
+        let project_path = project.path();
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_canary"))
+                .arg("-c")
+                .arg(project_path)
+                .arg("run")
+                .env_remove("FREE_LANE")
+                .output()
+                .unwrap()
+        })
+    };
+    // Once the run is sending, someone breaks a baseline under it (a bad merge, say).
+    for _ in 0..200 {
+        if slow.requests() > before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    std::fs::write(
+        project.file("snapshots/local/prime.snap"),
+        "<<<<<<< HEAD\nnot a snapshot\n",
+    )
+    .unwrap();
+    let out = run.await.unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("prime.snap"),
         "{}",

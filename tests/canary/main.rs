@@ -16,6 +16,7 @@ mod recipes;
 mod rendering;
 mod review;
 mod router;
+mod sampled;
 mod schedule;
 mod smtp;
 mod starter;

@@ -150,7 +150,13 @@ fn project(top: &[&str], free: &Llama, control: &Llama) -> Project {
     project
 }
 
+/// Runs canary on the project; `run` and `accept` send only [`PROMPTS`].
 fn canary(project: &Project, args: &[&str]) -> Output {
+    canary_on(project, args, &PROMPTS)
+}
+
+/// Runs canary on the project; `run` and `accept` send only `prompts` (all when empty).
+fn canary_on(project: &Project, args: &[&str], prompts: &[&str]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_canary"));
     command
         .arg("-c")
@@ -159,11 +165,25 @@ fn canary(project: &Project, args: &[&str]) -> Output {
         .env_remove("FREE_LANE")
         .env("NO_COLOR", "1");
     if matches!(args.first(), Some(&"run") | Some(&"accept")) {
-        for id in PROMPTS {
+        for id in prompts {
             command.args(["--prompt", id]);
         }
     }
     command.output().unwrap()
+}
+
+/// A first run of three samples per prompt, accepted: exact baselines of the temperature-0
+/// prompts, so later runs take one answer of each.
+fn baseline(project: &Project) {
+    let first = canary(project, &["run", "--samples", "3"]);
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    let accepted = canary(project, &["accept"]);
+    assert_eq!(
+        accepted.status.code(),
+        Some(0),
+        "{}",
+        text(&accepted.stderr)
+    );
 }
 
 fn json(out: &Output) -> serde_json::Value {
@@ -178,7 +198,9 @@ fn two_runs_of_the_unchanged_local_model_do_not_drift() {
     let control = Llama::start("steady-control", &CONTROL);
     let project = project(&[], &free, &control);
 
-    let first = canary(&project, &["run", "--format", "json"]);
+    // Three samples make exact baselines of the temperature-0 prompts (the local lane answers
+    // them alike every time), so later runs take one answer of each.
+    let first = canary(&project, &["run", "--samples", "3", "--format", "json"]);
     assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
     assert_eq!(json(&first)["lanes"][0]["counts"]["new"], PROMPTS.len());
     let accepted = canary(&project, &["accept"]);
@@ -219,8 +241,7 @@ fn a_provider_change_behind_the_same_address_and_model_name_is_drift_with_an_ema
         "    to: [oncall@example.com]",
     ];
     let project = project(&top, &free, &control);
-    canary(&project, &["run"]);
-    canary(&project, &["accept"]);
+    baseline(&project);
 
     free.restart_with(&PROVIDER_CHANGE);
     let changed = canary(&project, &["run", "--format", "json"]);
@@ -266,8 +287,7 @@ fn the_kill_switch_drill_on_the_real_server_fails_that_lane_and_measures_the_oth
     let free = Llama::start("drill-free", &FREE);
     let control = Llama::start("drill-control", &CONTROL);
     let project = project(&[], &free, &control);
-    canary(&project, &["run"]);
-    canary(&project, &["accept"]);
+    baseline(&project);
 
     free.stop(); // the free server goes away mid-suite
     let degraded = canary(&project, &["run", "--format", "json"]);
@@ -286,6 +306,93 @@ fn the_kill_switch_drill_on_the_real_server_fails_that_lane_and_measures_the_oth
         warnings[0].contains("lane free") && warnings[0].contains("cannot connect"),
         "{stderr}"
     );
+}
+
+#[test]
+fn sampled_prompts_of_the_real_model_stay_quiet_unchanged_and_catch_a_provider_change() {
+    let _turn = one_at_a_time();
+    let free = Llama::start("sampled-free", &["-t", "2", "-tb", "2"]);
+    // alpha 0.001: one false alarm in a thousand runs, so this test is not flaky; the study
+    // script measures the default.
+    let project = Project::new(
+        &["deadline: 60s", "drift:", "  alpha: 0.001"],
+        &[LaneSpec::new("free", free.base_url()).with("max_inflight: 1")],
+    );
+    project.write_prompts(
+        "set.yaml",
+        r#"
+- id: breakfast
+  prompt: "Suggest a breakfast in one sentence."
+  params: { temperature: 0.9, max_tokens: 24 }
+- id: lighthouse
+  prompt: "Write the first sentence of a story about a lighthouse."
+  params: { temperature: 0.9, max_tokens: 24 }
+- id: capital
+  prompt: "What is the capital of France?"
+  params: { max_tokens: 24 }
+"#,
+    );
+    let all = |args: &[&str]| canary_on(&project, args, &[]);
+
+    let first = all(&["run", "--format", "json"]);
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    assert_eq!(
+        json(&first)["results"],
+        30 + 30 + 10,
+        "varied answers get 30 samples"
+    );
+    let accepted = all(&["accept"]);
+    assert_eq!(
+        accepted.status.code(),
+        Some(0),
+        "{}",
+        text(&accepted.stderr)
+    );
+    let sampled = std::fs::read_to_string(project.file("snapshots/free/breakfast.snap")).unwrap();
+    assert!(
+        sampled.contains("samples: 30") && sampled.contains("~~~~ canary answer 2 of "),
+        "{sampled}"
+    );
+    let exact = std::fs::read_to_string(project.file("snapshots/free/capital.snap")).unwrap();
+    assert!(
+        exact.contains("counts:\n- 10\n"),
+        "the local lane is exact at temperature 0: {exact}"
+    );
+
+    let unchanged = all(&["run", "--format", "json"]);
+    let report = json(&unchanged);
+    assert_eq!(unchanged.status.code(), Some(0), "{report}");
+    assert_eq!(report["results"], 10 + 10 + 1);
+    assert!(
+        report["lanes"][0]["p_value"].as_f64().unwrap() > 0.001,
+        "{report}"
+    );
+
+    // The provider turns on a repetition penalty behind the same address and model name.
+    free.restart_with(&["-t", "2", "-tb", "2", "--repeat-penalty", "1.5"]);
+    let changed = all(&["run", "--format", "json"]);
+    let report = json(&changed);
+    assert_eq!(changed.status.code(), Some(1), "{report}");
+    let lane = &report["lanes"][0];
+    assert!(lane["p_value"].as_f64().unwrap() <= 0.001, "{lane}");
+    assert!(
+        lane["reasons"]
+            .to_string()
+            .contains("sampled prompts moved: p = "),
+        "{lane}"
+    );
+    let moved: Vec<&serde_json::Value> = lane["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["mode"] == "sampled" && p["verdict"] == "drifted")
+        .collect();
+    assert!(!moved.is_empty(), "{lane}");
+    assert!(moved[0]["reasons"].to_string().contains(", p = "), "{lane}");
+
+    let history = all(&["history", "--lane", "free"]);
+    let shown = text(&history.stdout);
+    assert!(shown.lines().next().unwrap().contains("  p  "), "{shown}");
 }
 
 fn wait_for_mail(smtp: &SmtpServer, count: usize) -> Vec<serde_json::Value> {

@@ -4,7 +4,8 @@ use console::Key;
 
 use canary::cmd::review::{Decision, review_loop};
 use canary::judge::JudgedItem;
-use canary::verdict::{Baseline, ItemJudgement, Sample, Verdict};
+use canary::snapshot::distinct_answers;
+use canary::verdict::{Baseline, ItemJudgement, Mode, Sample, Verdict};
 
 fn item(id: &str, baseline: Option<&str>, output: &str) -> JudgedItem {
     JudgedItem {
@@ -20,13 +21,16 @@ fn item(id: &str, baseline: Option<&str>, output: &str) -> JudgedItem {
             review: false,
             samples: 1,
             answered: 1,
+            mode: baseline.map(|_| Mode::Exact),
+            baseline_samples: baseline.map(|_| 10),
+            p_value: None,
         },
         baseline: baseline.map(|text| Baseline {
-            text: text.into(),
+            answers: distinct_answers(std::iter::repeat_n(text, 10)),
             prompt_hash: "h".into(),
             model: Some("m".into()),
             fingerprint: None,
-            noise: Default::default(),
+            noise: None,
             origin: "snapshots/free/x.snap".into(),
         }),
         samples: vec![Sample {
