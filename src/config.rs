@@ -1118,6 +1118,38 @@ mod tests {
     }
 
     #[test]
+    fn the_false_alarm_budget_and_sampling_default_and_validate() {
+        let config = parse(MINIMAL).unwrap();
+        assert_eq!(config.drift.alpha, 0.01);
+        assert_eq!(config.drift.confirm, 1);
+        assert_eq!(config.drift.samples, SampleCount::Auto);
+        let config = parse(&format!(
+            "{MINIMAL}drift:\n  alpha: 0.001\n  confirm: 2\n  samples: 5\n"
+        ))
+        .unwrap();
+        assert_eq!(config.drift.alpha, 0.001);
+        assert_eq!(config.drift.confirm, 2);
+        assert_eq!(config.drift.samples, SampleCount::Fixed(5));
+        let auto = parse(&format!("{MINIMAL}drift:\n  samples: auto\n")).unwrap();
+        assert_eq!(auto.drift.samples, SampleCount::Auto);
+        for (bad, expected) in [
+            ("alpha: 0", "false-alarm rate"),
+            ("alpha: 0.7", "at most 0.5"),
+            ("confirm: 0", "consecutive drifted runs"),
+            ("samples: 0", "`auto` or a number"),
+            ("samples: many", "`auto` or a number"),
+        ] {
+            let err = parse(&format!("{MINIMAL}drift:\n  {bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(":7:") && err.contains(expected),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
     fn settings_that_cannot_work_are_located_errors() {
         let err = parse(&format!("deadline: 40ms\n{MINIMAL}"))
             .unwrap_err()

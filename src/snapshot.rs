@@ -94,7 +94,11 @@ pub struct SnapshotHeader {
     pub samples: u32,
     /// How many samples gave each distinct answer of the body, in order (absent in snapshots
     /// written before every answer was kept).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        serialize_with = "on_one_line"
+    )]
     pub counts: Vec<u32>,
     /// Start of the marker line before each answer, when there are several.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -271,6 +275,11 @@ impl Snapshot {
     }
 }
 
+/// `[3, 2, 1]` rather than a line per number: thirty samples of thirty answers stay readable.
+fn on_one_line<S: serde::Serializer>(counts: &[u32], serializer: S) -> Result<S::Ok, S::Error> {
+    serde_saphyr::FlowSeq(counts).serialize(serializer)
+}
+
 /// A separator no answer has at the start of a line.
 fn separator_for(answers: &[Answer]) -> String {
     let mut separator = SEPARATOR.to_string();
@@ -355,7 +364,7 @@ mod tests {
         let snapshot = one_answer();
         let text = snapshot.render();
         assert!(text.starts_with("---\nprompt_id: prime-17077\n"), "{text}");
-        assert!(text.contains("samples: 3\ncounts:\n- 3\n"), "{text}");
+        assert!(text.contains("samples: 3\ncounts: [3]\n"), "{text}");
         assert!(!text.contains("separator"), "{text}");
         assert!(
             text.ends_with("---\nYes.\n\n---\nA line of dashes above, and no newline at the end")
@@ -429,7 +438,7 @@ mod tests {
     #[test]
     fn counts_that_disagree_with_the_body_are_an_error() {
         let mut text = Snapshot::new(header(), distinct_answers(["a", "b"])).render();
-        text = text.replace("- 1\n- 1\n", "- 1\n- 2\n");
+        text = text.replace("counts: [1, 1]", "counts: [1, 2]");
         let err = Snapshot::parse(Path::new("x.snap"), &text)
             .unwrap_err()
             .to_string();

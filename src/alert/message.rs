@@ -52,6 +52,12 @@ pub fn drift(run_id: i64, lane: &JudgedLane) -> Message {
         };
         what.push(format!("{} of {judged} {noun} drifted", drifted.len()));
     }
+    if let Some(test) = lane.test.filter(|t| t.rejected()) {
+        what.push(format!(
+            "sampled answers moved (p = {})",
+            crate::drift::format_p(test.p_value)
+        ));
+    }
     let subject = format!("[canary] {}: {} (run {run_id})", lane.lane, what.join(", "));
 
     let review = format!("canary diff --run {run_id} --lane {}", lane.lane);

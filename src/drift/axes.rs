@@ -17,6 +17,8 @@ const SIMILARITY_TIME_LIMIT: Duration = Duration::from_millis(500);
 pub const TEXT_WORDS: usize = 2_000;
 /// A length ratio of this much (or more) is the largest length distance.
 const LENGTH_RATIO_AT_MOST: f64 = 4.0;
+/// Words of an answer's opening compared position by position.
+pub const OPENING_WORDS: usize = 4;
 
 /// One axis of comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -29,6 +31,9 @@ pub enum Axis {
     Refusal,
     /// Length in characters (on a log scale).
     Length,
+    /// The first words, position by position: where a sampled answer branches, so where a
+    /// change of sampler or weights shows first.
+    Opening,
     /// Word-level similarity of the texts.
     Text,
 }
@@ -36,11 +41,12 @@ pub enum Axis {
 impl Axis {
     /// Every axis, in the order reasons are preferred when they are equally significant: the
     /// categorical ones first, because people act on them.
-    pub const ALL: [Axis; 5] = [
+    pub const ALL: [Axis; 6] = [
         Axis::Answer,
         Axis::Checks,
         Axis::Refusal,
         Axis::Length,
+        Axis::Opening,
         Axis::Text,
     ];
 
@@ -51,6 +57,7 @@ impl Axis {
             Axis::Checks => "checks",
             Axis::Refusal => "refusal",
             Axis::Length => "length",
+            Axis::Opening => "opening",
             Axis::Text => "text",
         }
     }
@@ -124,6 +131,12 @@ pub fn distance(axis: Axis, a: &Features, b: &Features) -> f64 {
             let ratio = ((a.chars + 1) as f64 / (b.chars + 1) as f64).ln().abs();
             (ratio / LENGTH_RATIO_AT_MOST.ln()).min(1.0)
         }
+        Axis::Opening => {
+            let differ = (0..OPENING_WORDS)
+                .filter(|&i| a.words.get(i) != b.words.get(i))
+                .count();
+            differ as f64 / OPENING_WORDS as f64
+        }
         Axis::Text => 1.0 - similarity_of_words(&words(a), &words(b)),
     }
 }
@@ -188,6 +201,25 @@ mod tests {
     }
 
     #[test]
+    fn the_opening_compares_the_first_words_position_by_position() {
+        let c = Vec::new();
+        let a = Features::of(&c, "A warm bowl of oatmeal with honey.");
+        let b = Features::of(&c, "A warm cup of tea.");
+        let c2 = Features::of(&c, "Eggs.");
+        assert_eq!(
+            distance(Axis::Opening, &a, &b),
+            0.25,
+            "one of four words differs"
+        );
+        assert_eq!(
+            distance(Axis::Opening, &a, &c2),
+            1.0,
+            "a missing word differs too"
+        );
+        assert_eq!(distance(Axis::Opening, &a, &a), 0.0);
+    }
+
+    #[test]
     fn length_is_compared_on_a_log_scale_and_capped() {
         let c = Vec::new();
         let short = Features::of(&c, &"a".repeat(99));
@@ -203,8 +235,11 @@ mod tests {
 
     #[test]
     fn only_the_axes_a_prompt_can_use_are_used() {
-        assert_eq!(axes_for(&[]), [Axis::Refusal, Axis::Length, Axis::Text]);
-        assert_eq!(axes_for(&checks("    - answer: '(yes|no)'\n")).len(), 4);
+        assert_eq!(
+            axes_for(&[]),
+            [Axis::Refusal, Axis::Length, Axis::Opening, Axis::Text]
+        );
+        assert_eq!(axes_for(&checks("    - answer: '(yes|no)'\n")).len(), 5);
         assert_eq!(
             axes_for(&checks("    - answer: '(yes|no)'\n    - max_chars: 9\n")),
             Axis::ALL

@@ -251,6 +251,20 @@ fn describe(axis: Axis, prompt: &PromptSamples<'_>, prepared: &Prepared, measure
                 median(base)
             )
         }
+        Axis::Opening => {
+            let means = prepared.stratum.means(measure);
+            let mut text = format!(
+                "opening words shared with the baseline {:.2}",
+                1.0 - means.cross
+            );
+            if let Some(within) = means.within_base {
+                text.push_str(&format!(" vs {:.2} within the baseline", 1.0 - within));
+            }
+            if let Some(within) = means.within_run {
+                text.push_str(&format!(" and {:.2} within this run", 1.0 - within));
+            }
+            text
+        }
         Axis::Text => {
             let means = prepared.stratum.means(measure);
             let mut text = format!("similarity to the baseline {:.2}", 1.0 - means.cross);

@@ -145,14 +145,14 @@ async fn the_baseline_s_own_samples_decide_how_many_each_run_takes() {
         "new prompts get 10 samples; those whose answers vary get 30 for their baseline"
     );
     let sampled = std::fs::read_to_string(project.file("snapshots/free/breakfast.snap")).unwrap();
-    assert!(sampled.contains("samples: 30\ncounts:\n"), "{sampled}");
+    assert!(sampled.contains("samples: 30\ncounts: ["), "{sampled}");
     assert!(
         sampled.contains("~~~~ canary answer 1 of 6: "),
         "every distinct answer is kept, readable: {sampled}"
     );
     let exact = std::fs::read_to_string(project.file("snapshots/free/capital.snap")).unwrap();
     assert!(
-        exact.contains("samples: 10\ncounts:\n- 10\n")
+        exact.contains("samples: 10\ncounts: [10]\n")
             && exact.ends_with("---\nThe capital of France is Paris."),
         "{exact}"
     );
