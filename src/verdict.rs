@@ -222,6 +222,10 @@ pub struct ItemJudgement {
     /// The two-sample test's p-value, for sampled items.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub p_value: Option<f64>,
+    /// The energy distance between the run's samples and the baseline's (all axes), for sampled
+    /// items: 0 when they are spread alike, larger the further apart.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub statistic: Option<f64>,
 }
 
 /// Settings that shape the judgement.
@@ -275,6 +279,7 @@ pub fn judge_item(
         mode: None,
         baseline_samples: None,
         p_value: None,
+        statistic: None,
     };
     if answered.is_empty() {
         let mut errors: Vec<String> = samples.iter().filter_map(|s| s.error.clone()).collect();
@@ -395,9 +400,11 @@ pub fn apply_test(
     alpha: f64,
 ) {
     judgement.p_value = Some(finding.p_value);
+    judgement.statistic = Some((finding.statistic * 10_000.0).round() / 10_000.0);
     let (base, run) = finding.sizes;
     let summary = format!(
-        "{run} samples against the baseline's {base}: p = {}",
+        "{run} samples against the baseline's {base}: energy distance {:.3}, p = {}",
+        finding.statistic,
         format_p(finding.p_value)
     );
     let mut reasons = Vec::new();
@@ -933,6 +940,7 @@ mod tests {
             mode: Some(Mode::Exact),
             baseline_samples: Some(2),
             p_value: None,
+            statistic: None,
         };
         let two = Rules {
             min_drifted: MinDrifted::Count(2),
@@ -1059,7 +1067,7 @@ mod tests {
             j.reasons,
             [
                 "similarity to the baseline 0.21 vs 0.47 within the baseline, p = 0.004",
-                "2 samples against the baseline's 3: p = 0.004"
+                "2 samples against the baseline's 3: energy distance 0.300, p = 0.004"
             ]
         );
     }
@@ -1077,6 +1085,7 @@ mod tests {
             mode: Some(Mode::Sampled),
             baseline_samples: Some(5),
             p_value: Some(0.03),
+            statistic: Some(0.1),
         };
         let moved = LaneTest {
             p_value: 0.004,

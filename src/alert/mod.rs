@@ -299,6 +299,7 @@ mod tests {
                     mode: Some(Mode::Exact),
                     baseline_samples: Some(10),
                     p_value: None,
+                    statistic: None,
                 },
                 baseline: None,
                 samples: vec![],

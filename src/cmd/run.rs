@@ -177,12 +177,15 @@ async fn conclude(
         })
         .collect();
     store.finish_run(run_id, &items, &lanes, exit_code)?;
+    // Consecutive drifted runs up to this one, for lanes that drifted in it.
     let mut streaks = std::collections::BTreeMap::new();
     for lane in &judgement.lanes {
-        streaks.insert(
-            lane.lane.clone(),
-            alert::drift_streak(store, &lane.lane, run_id, config.drift.confirm)?,
-        );
+        let streak = if lane.verdict == crate::verdict::Verdict::Drifted {
+            alert::drift_streak(store, &lane.lane, run_id, config.drift.confirm)?
+        } else {
+            0
+        };
+        streaks.insert(lane.lane.clone(), streak);
     }
 
     if let Some(path) = &config.metrics_file
@@ -411,6 +414,20 @@ fn metrics_text(router: &Router, judgement: &crate::judge::RunJudgement, run_id:
             "canary_lane_drifted{{lane=\"{}\"}} {drifted}",
             lane.lane
         );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP canary_lane_drift_p_value p-value of the two-sample test of the lane's sampled prompts in the last run (drift when at most drift.alpha)."
+    );
+    let _ = writeln!(out, "# TYPE canary_lane_drift_p_value gauge");
+    for lane in &judgement.lanes {
+        if let Some(test) = &lane.test {
+            let _ = writeln!(
+                out,
+                "canary_lane_drift_p_value{{lane=\"{}\"}} {}",
+                lane.lane, test.p_value
+            );
+        }
     }
     out
 }

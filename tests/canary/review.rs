@@ -24,6 +24,7 @@ fn item(id: &str, baseline: Option<&str>, output: &str) -> JudgedItem {
             mode: baseline.map(|_| Mode::Exact),
             baseline_samples: baseline.map(|_| 10),
             p_value: None,
+            statistic: None,
         },
         baseline: baseline.map(|text| Baseline {
             answers: distinct_answers(std::iter::repeat_n(text, 10)),

@@ -205,7 +205,7 @@ async fn unchanged_sampled_answers_raise_no_alarm_run_after_run() {
 #[tokio::test]
 async fn a_shift_in_the_share_of_answers_is_drift_with_its_rates_and_p_value() {
     let provider = provider();
-    let (_server, counts, project) = baselined(&provider, &[]).await;
+    let (_server, counts, project) = baselined(&provider, &["metrics_file: canary.prom"]).await;
     {
         let mut p = provider.lock().unwrap();
         p.no_percent = 80;
@@ -239,6 +239,19 @@ async fn a_shift_in_the_share_of_answers_is_drift_with_its_rates_and_p_value() {
             .iter()
             .any(|r| r.as_str().unwrap().contains("sampled prompts moved: p = ")),
         "{lane}"
+    );
+
+    let metrics = std::fs::read_to_string(project.file("canary.prom")).unwrap();
+    let p: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("canary_lane_drift_p_value{lane=\"free\"} "))
+        .unwrap_or_else(|| panic!("{metrics}"))
+        .parse()
+        .unwrap();
+    assert_eq!(
+        Some(p),
+        lane["p_value"].as_f64(),
+        "the metric is the lane's p-value"
     );
 
     // diff shows each different answer against the closest baseline answer, not the first.
