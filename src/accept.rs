@@ -2,11 +2,11 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::checks::normalize_whitespace;
-use crate::judge::sample_of;
+use crate::judge::{RunJudgement, sample_of};
 use crate::prompts::PromptSet;
 use crate::snapshot::{Snapshot, SnapshotError, SnapshotHeader, distinct_answers};
 use crate::store::{Store, StoreError, StoredResult};
+use crate::verdict::Verdict;
 
 /// Accepting failed.
 #[derive(Debug, thiserror::Error)]
@@ -35,8 +35,8 @@ pub enum Acceptance {
         /// Distinct answers among them.
         distinct: usize,
     },
-    /// The run's answers are all the answer of an exact baseline with more samples: that
-    /// baseline stays, since it says the same with more evidence.
+    /// The run's answers agree with a baseline of more samples: that baseline stays, since it
+    /// says the same with more evidence.
     Kept {
         /// Lane.
         lane: String,
@@ -58,13 +58,23 @@ pub enum Acceptance {
     },
 }
 
-/// Writes the baselines of `run_id` (optionally only some lanes and prompts). Never from a
-/// failed result, and never for a prompt that changed since the run.
+/// Writes the baselines of the judged run (optionally only some lanes and prompts). Never from
+/// a failed result, and never for a prompt that changed since the run.
+///
+/// Accepting makes what the lane answers now the reference. Where it answers as its baseline
+/// already does (the item is unchanged or within noise) on fewer samples than the baseline holds,
+/// the baseline stays: it says the same with more evidence, and a nightly run of one answer must
+/// not shrink an exact baseline of ten, nor ten samples replace a sampled baseline of thirty.
+/// Only its identity (model, fingerprint) is refreshed when that changed.
+///
+/// Without a `judgement` (the baselines could not be read to judge the run), every answer is
+/// written as it is.
 pub fn accept_run(
     store: &Store,
     set: &PromptSet,
     snapshots: &Path,
     run_id: i64,
+    judgement: Option<&RunJudgement>,
     lanes: &[String],
     prompts: &[String],
 ) -> Result<Vec<Acceptance>, AcceptError> {
@@ -109,9 +119,31 @@ pub fn accept_run(
             continue;
         }
         let texts: Vec<&str> = served.iter().filter_map(|r| r.output.as_deref()).collect();
-        let current = Snapshot::load(snapshots, &lane, &prompt_id)?;
         let mut answers = distinct_answers(texts.iter().copied());
-        if let Some(current) = current.filter(|c| repeats_exact_baseline(c, &prompt.hash, &texts)) {
+        let agrees = judgement
+            .iter()
+            .flat_map(|j| &j.lanes)
+            .filter(|l| l.lane == lane)
+            .flat_map(|l| &l.items)
+            .any(|i| {
+                i.judgement.id == prompt_id
+                    && matches!(
+                        i.judgement.verdict,
+                        Verdict::Unchanged | Verdict::WithinNoise
+                    )
+            });
+        let current = match Snapshot::load(snapshots, &lane, &prompt_id) {
+            Ok(current) => current,
+            Err(err) => {
+                tracing::warn!("{err}; it is replaced by run {run_id}'s answers");
+                None
+            }
+        };
+        if let Some(current) = current.filter(|c| {
+            agrees
+                && c.header.prompt_hash == prompt.hash
+                && (c.header.samples as usize) > texts.len()
+        }) {
             if current.header.model == first.model
                 && current.header.fingerprint == first.fingerprint
             {
@@ -123,7 +155,7 @@ pub fn accept_run(
                 });
                 continue;
             }
-            // The same answer from a renamed model: keep the evidence, take the new identity.
+            // The same answers from a renamed model: keep the evidence, take the new identity.
             answers = current.answers;
         }
         let snapshot = Snapshot::new(
@@ -153,18 +185,4 @@ pub fn accept_run(
         });
     }
     Ok(done)
-}
-
-/// Whether `texts` are all the one answer of an exact baseline (of this prompt) that has more
-/// samples than they are: accepting them would only lose evidence that the lane is exact.
-fn repeats_exact_baseline(current: &Snapshot, prompt_hash: &str, texts: &[&str]) -> bool {
-    let first = normalize_whitespace(current.primary());
-    current.header.prompt_hash == prompt_hash
-        && current.header.noise.is_none()
-        && current
-            .answers
-            .iter()
-            .all(|a| normalize_whitespace(&a.text) == first)
-        && current.header.samples as usize > texts.len()
-        && texts.iter().all(|t| normalize_whitespace(t) == first)
 }

@@ -960,14 +960,18 @@ parsed_scalar!(MinDriftedValue(MinDrifted), |text| {
     }
 });
 
-/// A false-alarm rate in (0, 0.5].
+/// Smallest `drift.alpha`: the permutation test's p-values go down to 1/5000, so a smaller rate
+/// could never be met and would switch the test off without a word.
+pub const MIN_ALPHA: f64 = 0.001;
+
+/// A false-alarm rate in [0.001, 0.5].
 #[derive(Clone, Copy)]
 struct Alpha(f64);
 parsed_scalar!(Alpha(f64), |text| {
     match text.trim().parse::<f64>() {
-        Ok(v) if v > 0.0 && v <= 0.5 => Ok(v),
+        Ok(v) if (MIN_ALPHA..=0.5).contains(&v) => Ok(v),
         _ => Err(format!(
-            "expected a false-alarm rate above 0 and at most 0.5 (e.g. 0.01: one false alarm in a hundred runs), found `{text}`"
+            "expected a false-alarm rate from {MIN_ALPHA} to 0.5 (e.g. 0.01: one false alarm in a hundred runs), found `{text}`"
         )),
     }
 });
@@ -1134,7 +1138,8 @@ mod tests {
         assert_eq!(auto.drift.samples, SampleCount::Auto);
         for (bad, expected) in [
             ("alpha: 0", "false-alarm rate"),
-            ("alpha: 0.7", "at most 0.5"),
+            ("alpha: 0.0001", "from 0.001 to 0.5"),
+            ("alpha: 0.7", "from 0.001 to 0.5"),
             ("confirm: 0", "consecutive drifted runs"),
             ("samples: 0", "`auto` or a number"),
             ("samples: many", "`auto` or a number"),

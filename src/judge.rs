@@ -14,8 +14,8 @@ use crate::prompts::{Prompt, PromptSet};
 use crate::snapshot::{Answer, Snapshot, SnapshotError, distinct_answers};
 use crate::store::{Store, StoreError, StoredResult};
 use crate::verdict::{
-    Baseline, Identity, ItemJudgement, LaneTest, Mode, Rules, Sample, Verdict, apply_test,
-    identity_changes, judge_item, judge_lane,
+    Baseline, Identity, ItemJudgement, LaneCall, LaneTest, Mode, Rules, Sample, Verdict,
+    apply_test, identity_changes, judge_item, judge_lane,
 };
 
 /// What a run is compared with.
@@ -357,13 +357,21 @@ fn judge_one_lane(
             prompts: tested.len(),
             alpha,
         };
-        for (&i, prompt_finding) in tested.iter().zip(&finding.prompts) {
-            apply_test(
-                &mut items[i].judgement,
-                prompt_finding,
-                lane_test.rejected(),
-                alpha,
-            );
+        let most_significant = finding
+            .prompts
+            .iter()
+            .enumerate()
+            .min_by(|a, b| a.1.p_value.total_cmp(&b.1.p_value))
+            .map(|(k, _)| k);
+        for (k, (&i, prompt_finding)) in tested.iter().zip(&finding.prompts).enumerate() {
+            let call = if !lane_test.rejected() {
+                LaneCall::Quiet
+            } else if prompt_finding.p_value <= alpha || Some(k) == most_significant {
+                LaneCall::Moved
+            } else {
+                LaneCall::MovedElsewhere
+            };
+            apply_test(&mut items[i].judgement, prompt_finding, call, alpha);
         }
         test = Some(lane_test);
     }
@@ -371,7 +379,12 @@ fn judge_one_lane(
         let finding = test_lane(&samples_of(&items, &prompts, &apart), &seed("review"));
         for (&i, prompt_finding) in apart.iter().zip(&finding.prompts) {
             let judgement = &mut items[i].judgement;
-            apply_test(judgement, prompt_finding, true, alpha);
+            let call = if prompt_finding.p_value <= alpha {
+                LaneCall::Moved
+            } else {
+                LaneCall::Quiet
+            };
+            apply_test(judgement, prompt_finding, call, alpha);
             if judgement.verdict == Verdict::Drifted {
                 mark_for_review(judgement, judge.control.as_deref());
             }

@@ -17,7 +17,7 @@ use crate::judge::RunJudgement;
 use crate::metrics::LaneStatus;
 use crate::prompts::{Prompt, PromptSet};
 use crate::router::{Attempt, Router};
-use crate::snapshot::{Snapshot, SnapshotError};
+use crate::snapshot::Snapshot;
 use crate::store::{NewResult, Store, StoreError};
 use crate::verdict::{Mode, Verdict, mode_of};
 
@@ -32,6 +32,9 @@ pub struct Plan<'a> {
     pub prompts: Vec<&'a Prompt>,
     /// How many samples of each (lane, prompt), lane by lane in prompt order.
     pub items: Vec<PlannedItem<'a>>,
+    /// Baselines that could not be read (what is wrong with each); their prompts are sized as
+    /// if they had none.
+    pub unreadable: Vec<String>,
 }
 
 /// The samples of one (lane, prompt) in a run.
@@ -98,21 +101,22 @@ pub struct MoreSamples<'a> {
 /// answers show they are needed:
 /// - an answer that left its **exact** baseline: up to [`AUTO_SAMPLES`], to tell a lane that
 ///   changed (every sample differs) from one that is not as exact as its baseline looked;
-/// - a **sampled** prompt the lane's test found drifted: up to [`AUTO_BASELINE_SAMPLES`], to
-///   confirm it on more answers (more samples can only clear a false alarm, never make one);
+/// - the **sampled** prompts of a lane whose test rejected: up to [`AUTO_BASELINE_SAMPLES`], to
+///   confirm the drift on more answers (the lane is then judged on them all; more samples can
+///   clear a false alarm but not raise one, since none are taken unless the lane already
+///   rejected), and so that the run can be accepted as baselines of that many;
 /// - answers that **vary** with no baseline of several samples to judge them (a new or stale
 ///   prompt, a one-sample baseline): up to [`AUTO_BASELINE_SAMPLES`], so that accepting this run
 ///   gives a baseline that represents the lane's spread well.
-///
-/// Either way the run can then be accepted as a baseline of several samples.
 pub fn more_samples<'a>(plan: &Plan<'a>, preview: &RunJudgement) -> Vec<MoreSamples<'a>> {
     let mut more = Vec::new();
     for item in plan.items.iter().filter(|item| item.auto) {
-        let Some(judged) = preview
-            .lanes
+        let Some(lane) = preview.lanes.iter().find(|l| l.lane == item.lane) else {
+            continue;
+        };
+        let Some(judged) = lane
+            .items
             .iter()
-            .filter(|l| l.lane == item.lane)
-            .flat_map(|l| &l.items)
             .find(|judged| judged.judgement.id == item.prompt.id)
         else {
             continue;
@@ -128,15 +132,20 @@ pub fn more_samples<'a>(plan: &Plan<'a>, preview: &RunJudgement) -> Vec<MoreSamp
             answers.dedup();
             answers.len() > 1
         };
+        let lane_moved = lane.test.is_some_and(|t| t.rejected());
         let (target, why) = match (j.mode, j.verdict) {
             (Some(Mode::Exact), Verdict::Drifted) => (
                 AUTO_SAMPLES,
                 "the answer left its exact baseline; more samples confirm it",
             ),
-            (Some(Mode::Sampled), Verdict::Drifted) => (
-                AUTO_BASELINE_SAMPLES,
-                "the answers moved from the baseline's; more samples confirm it",
-            ),
+            (Some(Mode::Sampled), verdict)
+                if lane_moved && !j.review && verdict != Verdict::Failed =>
+            {
+                (
+                    AUTO_BASELINE_SAMPLES,
+                    "the lane's sampled answers moved; more samples confirm it",
+                )
+            }
             (None, Verdict::New | Verdict::Stale) | (Some(Mode::Single), _) if varies => (
                 AUTO_BASELINE_SAMPLES,
                 "the answers vary; more samples make a baseline that shows how much",
@@ -169,9 +178,6 @@ pub enum PlanError {
     /// Nothing is left to measure.
     #[error("no enabled lane to measure{0}")]
     NoLanes(String),
-    /// A baseline could not be read to size the run.
-    #[error(transparent)]
-    Snapshot(#[from] SnapshotError),
 }
 
 /// Works out which lanes and prompts a run covers, and how many samples of each.
@@ -236,9 +242,14 @@ pub fn plan<'a>(
         .filter(|p| only_prompts.is_empty() || only_prompts.contains(&p.id))
         .collect();
     let mut items = Vec::new();
+    let mut unreadable = Vec::new();
     for (lane, _) in &lanes {
         for prompt in &prompts {
-            let baseline = Snapshot::load(&config.snapshots, lane, &prompt.id)?;
+            let baseline =
+                Snapshot::load(&config.snapshots, lane, &prompt.id).unwrap_or_else(|err| {
+                    unreadable.push(err.to_string());
+                    None
+                });
             let (count, auto) = samples_for(config, prompt, baseline.as_ref(), samples);
             items.push(PlannedItem {
                 lane: lane.clone(),
@@ -254,6 +265,7 @@ pub fn plan<'a>(
         skipped,
         prompts,
         items,
+        unreadable,
     })
 }
 

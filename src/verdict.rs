@@ -391,12 +391,25 @@ pub fn judge_item(
     judgement
 }
 
-/// Applies the lane's two-sample test to a sampled item: drifted when the lane's test rejected
-/// (`lane_drifted`) and this prompt's own p-value is at most `alpha`.
+/// What the lane's two-sample test says of one of its sampled items.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaneCall {
+    /// The lane's test did not reject: its sampled answers are within noise.
+    Quiet,
+    /// The lane's test rejected, and this item is one that moved: its own p-value is at most
+    /// alpha, or it is the lane's most significant item when none is (the lane moved a little
+    /// on many prompts, and the one that moved most is what to look at).
+    Moved,
+    /// The lane's test rejected; this item is not one that stands out.
+    MovedElsewhere,
+}
+
+/// Applies the lane's two-sample test to a sampled item: drifted when `call` is
+/// [`LaneCall::Moved`]; the reasons give its own numbers either way.
 pub fn apply_test(
     judgement: &mut ItemJudgement,
     finding: &PromptFinding,
-    lane_drifted: bool,
+    call: LaneCall,
     alpha: f64,
 ) {
     judgement.p_value = Some(finding.p_value);
@@ -408,18 +421,27 @@ pub fn apply_test(
         format_p(finding.p_value)
     );
     let mut reasons = Vec::new();
-    if finding.p_value <= alpha && lane_drifted {
-        judgement.verdict = Verdict::Drifted;
-        reasons.extend(finding.reasons(alpha));
-        reasons.push(summary);
-    } else {
-        reasons.push(if finding.p_value <= alpha {
-            format!("{summary} on its own, but the lane's test over all its sampled prompts is above alpha {alpha}: not drift")
-        } else {
-            format!("{summary}, within the spread of the baseline's own samples")
-        });
-        if judgement.verdict == Verdict::WithinNoise {
+    match call {
+        LaneCall::Moved => {
+            judgement.verdict = Verdict::Drifted;
             reasons.extend(finding.reasons(alpha));
+            reasons.push(summary);
+        }
+        LaneCall::MovedElsewhere => {
+            reasons.push(format!(
+                "{summary}: not significant on its own, though the lane's sampled answers moved"
+            ));
+            reasons.extend(finding.reasons(alpha));
+        }
+        LaneCall::Quiet => {
+            reasons.push(if finding.p_value <= alpha {
+                format!("{summary} on its own, but the lane's test over all its sampled prompts is above alpha {alpha}: not drift")
+            } else {
+                format!("{summary}, within the spread of the baseline's own samples")
+            });
+            if judgement.verdict == Verdict::WithinNoise {
+                reasons.extend(finding.reasons(alpha));
+            }
         }
     }
     reasons.append(&mut judgement.reasons);
@@ -644,14 +666,17 @@ pub fn judge_lane(
         .iter()
         .filter(|i| i.verdict == Verdict::Drifted && i.review)
         .count();
-    let judged = items
+    let is_judged = |i: &&ItemJudgement| {
+        matches!(
+            i.verdict,
+            Verdict::Unchanged | Verdict::WithinNoise | Verdict::Drifted
+        )
+    };
+    let judged = items.iter().filter(is_judged).count();
+    let judged_alone = items
         .iter()
-        .filter(|i| {
-            matches!(
-                i.verdict,
-                Verdict::Unchanged | Verdict::WithinNoise | Verdict::Drifted
-            )
-        })
+        .filter(is_judged)
+        .filter(|i| i.mode != Some(Mode::Sampled))
         .count();
     let mut reasons: Vec<String> = identity.to_vec();
     if alerting > 0 {
@@ -684,7 +709,7 @@ pub fn judge_lane(
     }
     let sampled_moved = test.is_some_and(LaneTest::rejected);
     let verdict = if !identity.is_empty()
-        || rules.min_drifted.reached(decided_alone, judged)
+        || rules.min_drifted.reached(decided_alone, judged_alone)
         || sampled_moved
     {
         Verdict::Drifted
@@ -1054,13 +1079,21 @@ mod tests {
             sizes: (3, 2),
         };
         let mut quiet = j.clone();
-        apply_test(&mut quiet, &finding, false, 0.01);
+        apply_test(&mut quiet, &finding, LaneCall::Quiet, 0.01);
         assert_eq!(quiet.verdict, Verdict::WithinNoise);
         assert!(
             quiet.reasons[0].contains("on its own, but the lane's test"),
             "{quiet:?}"
         );
-        apply_test(&mut j, &finding, true, 0.01);
+        let mut elsewhere = j.clone();
+        apply_test(&mut elsewhere, &finding, LaneCall::MovedElsewhere, 0.01);
+        assert_eq!(elsewhere.verdict, Verdict::WithinNoise);
+        assert!(
+            elsewhere.reasons[0]
+                .ends_with("not significant on its own, though the lane's sampled answers moved"),
+            "{elsewhere:?}"
+        );
+        apply_test(&mut j, &finding, LaneCall::Moved, 0.01);
         assert_eq!(j.verdict, Verdict::Drifted);
         assert_eq!(j.p_value, Some(0.004));
         assert_eq!(
@@ -1070,6 +1103,31 @@ mod tests {
                 "2 samples against the baseline's 3: energy distance 0.300, p = 0.004"
             ]
         );
+    }
+
+    #[test]
+    fn a_percentage_rule_counts_only_the_prompts_judged_one_by_one() {
+        let item = |verdict, mode| ItemJudgement {
+            id: "x".into(),
+            verdict,
+            similarity: None,
+            reasons: vec![],
+            review: false,
+            samples: 1,
+            answered: 1,
+            mode: Some(mode),
+            baseline_samples: Some(10),
+            p_value: None,
+            statistic: None,
+        };
+        let quarter = Rules {
+            min_drifted: MinDrifted::Fraction(0.25),
+            ..rules()
+        };
+        let mut items = vec![item(Verdict::Drifted, Mode::Exact)];
+        items.extend((0..3).map(|_| item(Verdict::Unchanged, Mode::Exact)));
+        items.extend((0..4).map(|_| item(Verdict::WithinNoise, Mode::Sampled)));
+        assert_eq!(judge_lane(&items, &[], None, &quarter).0, Verdict::Drifted);
     }
 
     #[test]

@@ -5,6 +5,7 @@ use anyhow::Context;
 use super::{load_config, process_env};
 use crate::accept::{Acceptance, accept_run};
 use crate::cli::{AcceptArgs, Cli, Format};
+use crate::judge::{Against, Judge};
 use crate::prompts::PromptSet;
 use crate::router::Router;
 use crate::run::{execute, plan};
@@ -41,11 +42,23 @@ pub async fn run(cli: &Cli, args: &AcceptArgs) -> anyhow::Result<i32> {
         Some(samples) => calibration_run(&config, &set, args, samples).await?,
     };
     let store = Store::open(&config.store)?;
+    // Judged against the baselines as they are, so answers that only repeat a baseline of
+    // more samples leave it in place.
+    let judgement = match Judge::new(&config, &store, &set).run(run_id, Against::Baselines) {
+        Ok(judgement) => Some(judgement),
+        Err(err) => {
+            tracing::warn!(
+                "run {run_id} cannot be judged ({err}); its answers are written as they are"
+            );
+            None
+        }
+    };
     let done = accept_run(
         &store,
         &set,
         &config.snapshots,
         run_id,
+        judgement.as_ref(),
         &args.lanes,
         &args.prompts,
     )?;

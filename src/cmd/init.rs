@@ -43,25 +43,38 @@ pub fn run(args: &InitArgs) -> anyhow::Result<i32> {
         written += 1;
         println!("created  {}", path.display());
     }
-    let ignore = dir.join(".gitignore");
-    let ignored = std::fs::read_to_string(&ignore).unwrap_or_default();
-    if !ignored.lines().any(|l| l.trim() == ".canary/") {
-        let mut text = ignored;
-        if !text.is_empty() && !text.ends_with('\n') {
-            text.push('\n');
-        }
-        text.push_str(".canary/\n");
-        write(&ignore, &text)?;
-        println!(
-            "updated  {} (.canary/ holds the store, audit log and lock)",
-            ignore.display()
-        );
-    }
+    ensure_line(
+        &dir.join(".gitignore"),
+        ".canary/",
+        ".canary/ holds the store, audit log and lock",
+    )?;
+    ensure_line(
+        &dir.join(".gitattributes"),
+        "*.snap -text",
+        "baselines are compared byte for byte: git must not convert their line endings",
+    )?;
     println!(
         "\n{written} files created. Next: edit {} (lanes, keys' env var names), then\n  canary check --probe\n  canary run\n  canary accept",
         dir.join("canary.yaml").display()
     );
     Ok(EXIT_OK)
+}
+
+/// Appends `line` to the file at `path` unless it already has it.
+fn ensure_line(path: &Path, line: &str, why: &str) -> anyhow::Result<()> {
+    let existing = std::fs::read_to_string(path).unwrap_or_default();
+    if existing.lines().any(|l| l.trim() == line) {
+        return Ok(());
+    }
+    let mut text = existing;
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(line);
+    text.push('\n');
+    write(path, &text)?;
+    println!("updated  {} ({why})", path.display());
+    Ok(())
 }
 
 fn write(path: &Path, text: &str) -> anyhow::Result<()> {

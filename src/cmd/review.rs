@@ -80,6 +80,7 @@ pub fn run(cli: &Cli, args: &ReviewArgs) -> anyhow::Result<i32> {
                 &set,
                 &config.snapshots,
                 run.id,
+                Some(&judgement),
                 &[lane.to_string()],
                 std::slice::from_ref(&item.judgement.id),
             )?;

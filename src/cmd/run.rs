@@ -35,6 +35,17 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<i32> {
         &args.prompts,
         args.samples,
     )?;
+    if !plan.unreadable.is_empty() {
+        // Judging needs them: refuse before a single request is spent.
+        let list: Vec<String> = plan.unreadable.iter().map(|e| format!("  {e}")).collect();
+        anyhow::bail!(
+            "cannot read {} baseline{}:\n{}\nfix {} (git checkout, or resolve the merge), or write new ones with `canary accept --samples 10 --prompt ID`",
+            list.len(),
+            if list.len() == 1 { "" } else { "s" },
+            list.join("\n"),
+            if list.len() == 1 { "it" } else { "them" }
+        );
+    }
     for (lane, why) in &plan.skipped {
         tracing::info!("lane {lane}: switched off ({why}); not measured in this run");
     }

@@ -24,19 +24,23 @@ pub const PERMUTATIONS: usize = 4999;
 const TIE: f64 = 1e-9;
 
 /// The pooled answers of one prompt: `base` baseline answers first, then `run` answers, and the
-/// distances between every pair, one matrix per measure (the first is what the test decides on;
+/// distances between every pair, under several measures (the first is what the test decides on;
 /// the others are only reported).
 #[derive(Debug, Clone)]
 pub struct Stratum {
     base: usize,
     run: usize,
-    /// Row-major `size × size` matrices, symmetric with a zero diagonal.
-    matrices: Vec<Vec<f64>>,
+    measures: usize,
+    /// `distances[(i * size + j) * measures + m]`: symmetric, zero on the diagonal, the measures
+    /// of one pair side by side so one pass over the pairs serves them all.
+    distances: Vec<f64>,
+    /// Sum over unordered pairs, per measure: what is not within a side is between the sides.
+    totals: Vec<f64>,
 }
 
 impl Stratum {
     /// A stratum of `base` baseline answers followed by `run` answers, whose pairwise distances
-    /// under each measure are `distance(i, j)[m]`. Needs at least one answer on each side.
+    /// under each of `measures` measures are `distance(i, j)[m]`.
     pub fn new(
         base: usize,
         run: usize,
@@ -44,21 +48,25 @@ impl Stratum {
         distance: impl Fn(usize, usize) -> Vec<f64>,
     ) -> Stratum {
         let size = base + run;
-        let mut matrices = vec![vec![0.0; size * size]; measures];
+        let mut distances = vec![0.0; size * size * measures];
+        let mut totals = vec![0.0; measures];
         for i in 0..size {
             for j in (i + 1)..size {
                 let d = distance(i, j);
-                for (m, matrix) in matrices.iter_mut().enumerate() {
+                for (m, total) in totals.iter_mut().enumerate() {
                     let value = d.get(m).copied().unwrap_or(0.0);
-                    matrix[i * size + j] = value;
-                    matrix[j * size + i] = value;
+                    distances[(i * size + j) * measures + m] = value;
+                    distances[(j * size + i) * measures + m] = value;
+                    *total += value;
                 }
             }
         }
         Stratum {
             base,
             run,
-            matrices,
+            measures,
+            distances,
+            totals,
         }
     }
 
@@ -76,28 +84,39 @@ impl Stratum {
         self.base + self.run
     }
 
-    /// The energy statistic of measure `m` when `order[..base]` are the baseline's answers.
-    fn energy(&self, m: usize, order: &[usize]) -> f64 {
-        let size = self.size();
-        let matrix = &self.matrices[m];
+    /// The energy statistic of every measure when `order[..base]` are the baseline's answers,
+    /// written to `out`. Only the pairs within each side are summed: the pairs between them are
+    /// the rest of the total.
+    fn energies(&self, order: &[usize], out: &mut [f64]) {
+        let (size, measures) = (self.size(), self.measures);
         let (b, r) = order.split_at(self.base);
-        let within = |group: &[usize]| -> f64 {
-            let mut sum = 0.0;
+        let mut within_b = vec![0.0; measures];
+        let mut within_r = vec![0.0; measures];
+        for (group, sums) in [(b, &mut within_b), (r, &mut within_r)] {
             for (x, &i) in group.iter().enumerate() {
                 for &j in &group[x + 1..] {
-                    sum += matrix[i * size + j];
+                    let pair = &self.distances[(i * size + j) * measures..][..measures];
+                    for (sum, d) in sums.iter_mut().zip(pair) {
+                        *sum += d;
+                    }
                 }
-            }
-            2.0 * sum
-        };
-        let mut cross = 0.0;
-        for &i in b {
-            for &j in r {
-                cross += matrix[i * size + j];
             }
         }
         let (nb, nr) = (self.base as f64, self.run as f64);
-        2.0 * cross / (nb * nr) - within(b) / (nb * nb) - within(r) / (nr * nr)
+        for m in 0..measures {
+            let cross = self.totals[m] - within_b[m] - within_r[m];
+            out[m] = 2.0 * cross / (nb * nr)
+                - 2.0 * within_b[m] / (nb * nb)
+                - 2.0 * within_r[m] / (nr * nr);
+        }
+    }
+
+    /// The energy statistic of measure `m` under `order`.
+    #[cfg(test)]
+    fn energy(&self, m: usize, order: &[usize]) -> f64 {
+        let mut out = vec![0.0; self.measures];
+        self.energies(order, &mut out);
+        out[m]
     }
 
     /// Mean distances of measure `m`: between a baseline and a run sample, and between two
@@ -105,13 +124,13 @@ impl Stratum {
     /// text are at distance 0).
     pub fn means(&self, m: usize) -> Means {
         let size = self.size();
-        let matrix = &self.matrices[m];
+        let at = |i: usize, j: usize| self.distances[(i * size + j) * self.measures + m];
         let mean = |rows: std::ops::Range<usize>,
                     cols: &dyn Fn(usize) -> std::ops::Range<usize>| {
             let (mut sum, mut pairs) = (0.0, 0usize);
             for i in rows {
                 for j in cols(i) {
-                    sum += matrix[i * size + j];
+                    sum += at(i, j);
                     pairs += 1;
                 }
             }
@@ -141,8 +160,11 @@ pub struct Means {
 pub struct StratumTest {
     /// Observed energy statistic per measure.
     pub statistic: Vec<f64>,
-    /// Permutation p-value per measure; the first is the prompt's.
+    /// Each measure's own permutation p-value.
     pub p_values: Vec<f64>,
+    /// The prompt's p-value: the smallest of its measures' p-values, judged against the smallest
+    /// under every permutation (so looking at several measures costs no false alarms).
+    pub p_value: f64,
 }
 
 /// What the test found for a lane.
@@ -163,32 +185,44 @@ pub fn permutation_test(strata: &[Stratum], permutations: usize, seed: u64) -> L
     let mut rng = fastrand::Rng::with_seed(seed);
     let draws = permutations + 1; // the observed labelling counts as one
     let mut results = Vec::with_capacity(strata.len());
-    // The deciding measure's statistic under every labelling, per stratum; index 0 is observed.
+    // Each stratum's p-value under every labelling; index 0 is the observed one.
     let mut null: Vec<Vec<f64>> = Vec::with_capacity(strata.len());
     for stratum in strata {
-        let measures = stratum.matrices.len();
+        let measures = stratum.measures;
+        if stratum.base == 0 || stratum.run == 0 || measures == 0 {
+            // Nothing to compare: no evidence either way, and no NaN to slip through.
+            results.push(StratumTest {
+                statistic: vec![0.0; measures],
+                p_values: vec![1.0; measures],
+                p_value: 1.0,
+            });
+            null.push(vec![1.0; draws]);
+            continue;
+        }
+        // values[m][b]: measure m under labelling b.
+        let mut values = vec![Vec::with_capacity(draws); measures];
         let mut order: Vec<usize> = (0..stratum.size()).collect();
-        let observed: Vec<f64> = (0..measures).map(|m| stratum.energy(m, &order)).collect();
-        let mut at_least = vec![1usize; measures];
-        let mut values = Vec::with_capacity(draws);
-        values.push(observed.first().copied().unwrap_or(0.0));
-        for _ in 0..permutations {
-            rng.shuffle(&mut order);
-            for m in 0..measures {
-                let value = stratum.energy(m, &order);
-                if value >= observed[m] - TIE * observed[m].abs().max(1.0) {
-                    at_least[m] += 1;
-                }
-                if m == 0 {
-                    values.push(value);
-                }
+        let mut energies = vec![0.0; measures];
+        for b in 0..draws {
+            if b > 0 {
+                rng.shuffle(&mut order);
+            }
+            stratum.energies(&order, &mut energies);
+            for (column, value) in values.iter_mut().zip(&energies) {
+                column.push(*value);
             }
         }
+        let ranks: Vec<Vec<f64>> = values.iter().map(|v| upper_tail_p_values(v)).collect();
+        let smallest: Vec<f64> = (0..draws)
+            .map(|b| -ranks.iter().map(|r| r[b]).fold(1.0, f64::min))
+            .collect();
+        let prompt = upper_tail_p_values(&smallest);
         results.push(StratumTest {
-            p_values: at_least.iter().map(|&n| n as f64 / draws as f64).collect(),
-            statistic: observed,
+            statistic: values.iter().map(|v| v[0]).collect(),
+            p_values: ranks.iter().map(|r| r[0]).collect(),
+            p_value: prompt[0],
         });
-        null.push(values);
+        null.push(prompt);
     }
     LaneTest {
         p_value: combine(&null),
@@ -197,10 +231,9 @@ pub fn permutation_test(strata: &[Stratum], permutations: usize, seed: u64) -> L
     }
 }
 
-/// The combined p-value of strata whose statistics under every labelling are `null[s][b]`
-/// (`b = 0` observed): each value becomes its p-value within its stratum, the strata combine by
-/// Fisher and by Tippett, and the better of the two is judged against its own permutation
-/// distribution.
+/// The combined p-value of strata whose p-values under every labelling are `null[s][b]`
+/// (`b = 0` observed): the strata combine by Fisher and by Tippett, and the better of the two
+/// is judged against its own permutation distribution.
 fn combine(null: &[Vec<f64>]) -> f64 {
     let Some(draws) = null.first().map(Vec::len) else {
         return 1.0;
@@ -210,8 +243,7 @@ fn combine(null: &[Vec<f64>]) -> f64 {
     }
     let mut fisher = vec![0.0; draws];
     let mut tippett = vec![1.0f64; draws];
-    for values in null {
-        let p = upper_tail_p_values(values);
+    for p in null {
         for b in 0..draws {
             fisher[b] -= p[b].ln();
             tippett[b] = tippett[b].min(p[b]);
@@ -274,7 +306,7 @@ mod tests {
         // the observed one and its mirror reach the observed statistic, so p = 2/20 = 0.1.
         let stratum = line(&[0.0, 0.0, 0.0], &[1.0, 1.0, 1.0]);
         let test = permutation_test(&[stratum], 20_000, 7);
-        let p = test.strata[0].p_values[0];
+        let p = test.strata[0].p_value;
         assert!((p - 0.1).abs() < 0.01, "p = {p}");
         assert!(
             (test.p_value - p).abs() < 0.01,
@@ -287,7 +319,7 @@ mod tests {
         // Baseline of four identical answers, one run answer elsewhere: the moved answer is
         // equally likely to be any of the five under the null, so p = 1/5.
         let stratum = line(&[0.0, 0.0, 0.0, 0.0], &[3.0]);
-        let p = permutation_test(&[stratum], 20_000, 1).strata[0].p_values[0];
+        let p = permutation_test(&[stratum], 20_000, 1).strata[0].p_value;
         assert!((p - 0.2).abs() < 0.01, "p = {p}");
     }
 
@@ -295,13 +327,10 @@ mod tests {
     fn answers_that_did_not_move_are_not_significant() {
         let stratum = line(&[0.0, 1.0, 2.0, 3.0, 4.0], &[0.5, 1.5, 2.5, 3.5, 4.5]);
         let test = permutation_test(&[stratum], 2_000, 3);
-        assert!(test.strata[0].p_values[0] > 0.5, "{test:?}");
+        assert!(test.strata[0].p_value > 0.5, "{test:?}");
         // A constant stratum never moves at all.
         let constant = line(&[1.0, 1.0], &[1.0, 1.0]);
-        assert_eq!(
-            permutation_test(&[constant], 100, 3).strata[0].p_values[0],
-            1.0
-        );
+        assert_eq!(permutation_test(&[constant], 100, 3).strata[0].p_value, 1.0);
     }
 
     #[test]
@@ -312,11 +341,7 @@ mod tests {
             .map(|_| line(&[0.0, 1.0, 2.0, 3.0], &[2.0, 3.0, 4.0, 5.0]))
             .collect();
         let test = permutation_test(&strata, 4_999, 11);
-        let smallest = test
-            .strata
-            .iter()
-            .map(|s| s.p_values[0])
-            .fold(1.0, f64::min);
+        let smallest = test.strata.iter().map(|s| s.p_value).fold(1.0, f64::min);
         assert!(
             smallest > 0.05,
             "no single prompt is significant: {smallest}"
@@ -335,6 +360,33 @@ mod tests {
         ));
         let test = permutation_test(&strata, 4_999, 5);
         assert!(test.p_value < 0.01, "lane p = {}", test.p_value);
+    }
+
+    #[test]
+    fn one_measure_that_moved_is_seen_among_others_that_did_not() {
+        // Measure 0 separates the sides completely; measure 1 is the same spread on both sides.
+        let first: [f64; 8] = [0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0];
+        let second: [f64; 8] = [0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 3.0];
+        let stratum = Stratum::new(4, 4, 2, |i, j| {
+            vec![(first[i] - first[j]).abs(), (second[i] - second[j]).abs()]
+        });
+        let test = permutation_test(&[stratum], 20_000, 4);
+        let result = &test.strata[0];
+        // C(8,4) = 70 labellings, 2 as extreme as the observed on measure 0.
+        assert!((result.p_values[0] - 2.0 / 70.0).abs() < 0.01, "{result:?}");
+        assert!(result.p_values[1] > 0.5, "{result:?}");
+        assert!(
+            result.p_value < 0.1 && result.p_value >= result.p_values[0] - 0.01,
+            "the prompt's p-value pays a little for looking at two measures: {result:?}"
+        );
+    }
+
+    #[test]
+    fn a_stratum_with_an_empty_side_is_no_evidence() {
+        let empty = line(&[0.0, 1.0, 2.0], &[]);
+        let test = permutation_test(&[empty, line(&[0.0, 1.0], &[0.5])], 200, 9);
+        assert_eq!(test.strata[0].p_value, 1.0);
+        assert!(test.p_value > 0.1, "{test:?}");
     }
 
     #[test]

@@ -110,7 +110,7 @@ pub fn test_lane(prompts: &[PromptSamples<'_>], seed_text: &str) -> LaneFinding 
             // Most significant first; among equals, the order of Axis::ALL.
             axes.sort_by(|a, b| a.p_value.total_cmp(&b.p_value).then(a.axis.cmp(&b.axis)));
             PromptFinding {
-                p_value: result.p_values[0],
+                p_value: result.p_value,
                 statistic: result.statistic[0],
                 axes,
                 sizes: (prepared.stratum.base(), prepared.stratum.run()),

@@ -633,6 +633,11 @@ async fn init_scaffolds_a_project_that_checks_and_never_overwrites() {
         std::fs::read_to_string(target.join(".gitignore")).unwrap(),
         ".canary/\n"
     );
+    assert_eq!(
+        std::fs::read_to_string(target.join(".gitattributes")).unwrap(),
+        "*.snap -text\n",
+        "git must not convert the line endings of baselines"
+    );
     let checked = std::process::Command::new(env!("CARGO_BIN_EXE_canary"))
         .arg("-c")
         .arg(target.join("canary.yaml"))
@@ -687,6 +692,22 @@ async fn a_broken_baseline_is_refused_before_any_request_is_sent() {
         1,
         "no run was started"
     );
+    assert!(
+        text(&out.stderr).contains("canary accept --samples 10 --prompt ID"),
+        "it says how to repair: {}",
+        text(&out.stderr)
+    );
+
+    // The way out it names works: a new baseline replaces the broken one.
+    let repaired = canary(&project, &["accept", "--samples", "2", "--prompt", "prime"]).await;
+    assert_eq!(
+        repaired.status.code(),
+        Some(0),
+        "{}",
+        text(&repaired.stderr)
+    );
+    let again = canary(&project, &["run"]).await;
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
 }
 
 #[tokio::test]

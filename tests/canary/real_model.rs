@@ -327,6 +327,9 @@ fn sampled_prompts_of_the_real_model_stay_quiet_unchanged_and_catch_a_provider_c
 - id: lighthouse
   prompt: "Write the first sentence of a story about a lighthouse."
   params: { temperature: 0.9, max_tokens: 24 }
+- id: haiku
+  prompt: "Write a haiku about autumn."
+  params: { temperature: 0.9, max_tokens: 24 }
 - id: capital
   prompt: "What is the capital of France?"
   params: { max_tokens: 24 }
@@ -338,7 +341,7 @@ fn sampled_prompts_of_the_real_model_stay_quiet_unchanged_and_catch_a_provider_c
     assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
     assert_eq!(
         json(&first)["results"],
-        30 + 30 + 10,
+        3 * 30 + 10,
         "varied answers get 30 samples"
     );
     let accepted = all(&["accept"]);
@@ -362,7 +365,7 @@ fn sampled_prompts_of_the_real_model_stay_quiet_unchanged_and_catch_a_provider_c
     let unchanged = all(&["run", "--format", "json"]);
     let report = json(&unchanged);
     assert_eq!(unchanged.status.code(), Some(0), "{report}");
-    assert_eq!(report["results"], 10 + 10 + 1);
+    assert_eq!(report["results"], 3 * 10 + 1);
     assert!(
         report["lanes"][0]["p_value"].as_f64().unwrap() > 0.001,
         "{report}"

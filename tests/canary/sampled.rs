@@ -184,6 +184,39 @@ async fn the_baseline_s_own_samples_decide_how_many_each_run_takes() {
 }
 
 #[tokio::test]
+async fn accepting_a_routine_run_keeps_baselines_that_hold_more_samples() {
+    let provider = provider();
+    let (_server, _counts, project) = baselined(&provider, &[]).await;
+    provider.lock().unwrap().seed = 7;
+    let nightly = canary(&project, &["run"]).await;
+    assert_eq!(nightly.status.code(), Some(0), "{}", text(&nightly.stdout));
+    let before = std::fs::read_to_string(project.file("snapshots/free/breakfast.snap")).unwrap();
+
+    let accepted = canary(&project, &["accept"]).await;
+    assert_eq!(
+        accepted.status.code(),
+        Some(0),
+        "{}",
+        text(&accepted.stderr)
+    );
+    let shown = text(&accepted.stdout);
+    assert!(
+        shown.contains("kept      ") && shown.contains("breakfast.snap (its 30 samples"),
+        "{shown}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.file("snapshots/free/breakfast.snap")).unwrap(),
+        before,
+        "ten samples that agree do not replace thirty"
+    );
+    let exact = std::fs::read_to_string(project.file("snapshots/free/capital.snap")).unwrap();
+    assert!(
+        exact.contains("samples: 10\n"),
+        "one answer does not replace ten: {exact}"
+    );
+}
+
+#[tokio::test]
 async fn unchanged_sampled_answers_raise_no_alarm_run_after_run() {
     let provider = provider();
     let (_server, _counts, project) = baselined(&provider, &[]).await;
@@ -218,9 +251,9 @@ async fn a_shift_in_the_share_of_answers_is_drift_with_its_rates_and_p_value() {
     let bridge = item(&report, "bridge");
     assert_eq!(bridge["verdict"], "drifted", "{bridge}");
     assert_eq!(
-        taken(&counts)[1],
-        30,
-        "a drifted sampled prompt is confirmed on 30 samples"
+        taken(&counts),
+        [30, 30, 1],
+        "when a lane's sampled answers move, each sampled prompt is confirmed on 30 samples"
     );
     let reason = bridge["reasons"][0].as_str().unwrap();
     assert!(
