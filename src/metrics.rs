@@ -1,14 +1,21 @@
 //! Router metrics: latency split by lane and outcome, queue wait per lane, counts per outcome.
 //!
 //! A single p95 across lanes hides exactly the difference a free lane is there to show, so every
-//! histogram is per lane, and queue wait is kept apart from call time.
+//! histogram is per lane, and queue wait is kept apart from call time. Percentiles for people
+//! come from HDR histograms; the Prometheus exposition is written by `prometheus-client`.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram as PromHistogram;
+use prometheus_client::registry::Registry;
 
 use crate::outcome::Outcome;
 
@@ -80,17 +87,6 @@ impl Distribution {
         self.sum_us = self.sum_us.saturating_add(us);
     }
 
-    fn write_prometheus(&self, out: &mut String, name: &str, labels: &str) {
-        for bound in BUCKETS {
-            let count = self.histogram.count_between(0, (bound * 1e6) as u64);
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {count}");
-        }
-        let total = self.histogram.len();
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {total}");
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum_us as f64 / 1e6);
-        let _ = writeln!(out, "{name}_count{{{labels}}} {total}");
-    }
-
     fn quantile_ms(&self, q: f64) -> f64 {
         self.histogram.value_at_quantile(q) as f64 / 1000.0
     }
@@ -99,6 +95,49 @@ impl Distribution {
 /// Metrics of one router, shared by all its jobs.
 pub struct Metrics {
     inner: Mutex<Inner>,
+    exposed: Exposed,
+}
+
+/// Labels of a lane's attempts.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LaneOutcome {
+    lane: String,
+    outcome: String,
+}
+
+/// Labels of one lane.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LaneLabel {
+    /// Lane name.
+    pub lane: String,
+}
+
+/// Labels of one lane in one state.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LaneState {
+    lane: String,
+    state: String,
+}
+
+/// A float gauge.
+pub type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// What the Prometheus exposition shows, recorded as attempts happen.
+struct Exposed {
+    calls: Family<LaneOutcome, PromHistogram>,
+    queue: Family<LaneLabel, PromHistogram>,
+    attempts: Family<LaneOutcome, Counter>,
+}
+
+impl Exposed {
+    fn new() -> Exposed {
+        let histogram = || PromHistogram::new(BUCKETS);
+        Exposed {
+            calls: Family::new_with_constructor(histogram),
+            queue: Family::new_with_constructor(histogram),
+            attempts: Family::default(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -131,6 +170,7 @@ impl Metrics {
     pub fn new() -> Self {
         Metrics {
             inner: Mutex::new(Inner::default()),
+            exposed: Exposed::new(),
         }
     }
 
@@ -144,6 +184,23 @@ impl Metrics {
     /// turned away before the queue, so refusals do not drag queue percentiles to zero) and the
     /// call time.
     pub fn record(&self, lane: &str, outcome: Outcome, queue: Option<Duration>, call: Duration) {
+        let labels = LaneOutcome {
+            lane: lane.to_string(),
+            outcome: outcome.to_string(),
+        };
+        self.exposed
+            .calls
+            .get_or_create(&labels)
+            .observe(call.as_secs_f64());
+        self.exposed.attempts.get_or_create(&labels).inc();
+        if let Some(queue) = queue {
+            self.exposed
+                .queue
+                .get_or_create(&LaneLabel {
+                    lane: lane.to_string(),
+                })
+                .observe(queue.as_secs_f64());
+        }
         let mut inner = self.lock();
         inner
             .calls
@@ -187,51 +244,56 @@ impl Metrics {
         lanes.into_values().collect()
     }
 
-    /// Prometheus text exposition of every metric, with each lane's current status.
-    pub fn render_prometheus(&self, statuses: &[(String, LaneStatus)]) -> String {
-        let inner = self.lock();
-        let mut out = String::new();
-        out.push_str("# HELP canary_lane_call_seconds Time from request to last byte, by lane and outcome.\n");
-        out.push_str("# TYPE canary_lane_call_seconds histogram\n");
-        for ((lane, outcome), dist) in &inner.calls {
-            let labels = format!("lane=\"{}\",outcome=\"{}\"", escape(lane), outcome);
-            dist.write_prometheus(&mut out, "canary_lane_call_seconds", &labels);
-        }
-        out.push_str("# HELP canary_lane_queue_seconds Time spent waiting for an in-flight permit, by lane.\n");
-        out.push_str("# TYPE canary_lane_queue_seconds histogram\n");
-        for (lane, dist) in &inner.queue {
-            dist.write_prometheus(
-                &mut out,
-                "canary_lane_queue_seconds",
-                &format!("lane=\"{}\"", escape(lane)),
-            );
-        }
-        out.push_str("# HELP canary_lane_attempts_total Attempts by lane and outcome.\n");
-        out.push_str("# TYPE canary_lane_attempts_total counter\n");
-        for ((lane, outcome), dist) in &inner.calls {
-            let _ = writeln!(
-                out,
-                "canary_lane_attempts_total{{lane=\"{}\",outcome=\"{}\"}} {}",
-                escape(lane),
-                outcome,
-                dist.histogram.len()
-            );
-        }
-        out.push_str("# HELP canary_lane_state Current state of each lane (1 = in that state).\n");
-        out.push_str("# TYPE canary_lane_state gauge\n");
+    /// A registry of every router metric, with each lane's current status; callers add their
+    /// own metrics to it before encoding it.
+    pub fn registry(&self, statuses: &[(String, LaneStatus)]) -> Registry {
+        let mut registry = Registry::default();
+        registry.register(
+            "canary_lane_call_seconds",
+            "Time from request to last byte, by lane and outcome",
+            self.exposed.calls.clone(),
+        );
+        registry.register(
+            "canary_lane_queue_seconds",
+            "Time spent waiting for an in-flight permit, by lane",
+            self.exposed.queue.clone(),
+        );
+        registry.register(
+            "canary_lane_attempts",
+            "Attempts by lane and outcome",
+            self.exposed.attempts.clone(),
+        );
+        let states = Family::<LaneState, Gauge>::default();
         for (lane, status) in statuses {
             for candidate in LaneStatus::ALL {
-                let _ = writeln!(
-                    out,
-                    "canary_lane_state{{lane=\"{}\",state=\"{}\"}} {}",
-                    escape(lane),
-                    candidate.as_str(),
-                    u8::from(candidate == *status)
-                );
+                states
+                    .get_or_create(&LaneState {
+                        lane: lane.clone(),
+                        state: candidate.as_str().to_string(),
+                    })
+                    .set(i64::from(candidate == *status));
             }
         }
-        out
+        registry.register(
+            "canary_lane_state",
+            "Current state of each lane (1 = in that state)",
+            states,
+        );
+        registry
     }
+
+    /// Prometheus text exposition (format 0.0.4) of every router metric.
+    pub fn render_prometheus(&self, statuses: &[(String, LaneStatus)]) -> String {
+        encode(&self.registry(statuses))
+    }
+}
+
+/// A registry in the Prometheus text format (0.0.4), as node_exporter's textfile collector reads.
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, registry);
+    out
 }
 
 /// Writes a Prometheus text file the way node_exporter's textfile collector expects: to a temp
@@ -244,14 +306,6 @@ pub fn write_file(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     temp.push(".tmp");
     std::fs::write(&temp, text)?;
     std::fs::rename(&temp, path)
-}
-
-/// Escapes a Prometheus label value.
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]

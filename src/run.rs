@@ -352,7 +352,9 @@ pub async fn execute(
                 done.lane, done.prompt.id, done.sample
             );
             if progress.is_hidden() {
-                tracing::info!("run {run_id}: {line} ({stored}/{total})");
+                // Under cron this would be a line per answer in someone's inbox every night:
+                // the summary says what matters, and -v shows each result.
+                tracing::debug!("run {run_id}: {line} ({stored}/{total})");
             } else {
                 progress.set_message(line);
             }
@@ -391,7 +393,7 @@ fn commit(store: &mut Store, run_id: i64, done: &Finished<'_>) -> Result<(), Sto
     )
 }
 
-/// A progress bar on a terminal; hidden under cron, where log lines take its place.
+/// A progress bar on a terminal; hidden under cron, where `-v` logs each result instead.
 fn progress_bar(total: u64) -> ProgressBar {
     if !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();

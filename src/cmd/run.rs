@@ -377,68 +377,69 @@ async fn beat(heartbeat: &Heartbeat, beat: Beat) {
 }
 
 fn metrics_text(router: &Router, judgement: &crate::judge::RunJudgement, run_id: i64) -> String {
-    use std::fmt::Write as _;
-    let mut out = router.render_prometheus();
-    let _ = writeln!(
-        out,
-        "# HELP canary_last_run_timestamp_seconds When the last run finished."
+    use crate::metrics::{FloatGauge, LaneLabel};
+    use prometheus_client::encoding::EncodeLabelSet;
+    use prometheus_client::metrics::{family::Family, gauge::Gauge};
+
+    #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+    struct LaneVerdict {
+        lane: String,
+        verdict: String,
+    }
+
+    let mut registry = router.metrics_registry();
+    let gauge = |value: i64| {
+        let gauge = Gauge::<i64>::default();
+        gauge.set(value);
+        gauge
+    };
+    registry.register(
+        "canary_last_run_timestamp_seconds",
+        "When the last run finished",
+        gauge(chrono::Utc::now().timestamp()),
     );
-    let _ = writeln!(out, "# TYPE canary_last_run_timestamp_seconds gauge");
-    let _ = writeln!(
-        out,
-        "canary_last_run_timestamp_seconds {}",
-        chrono::Utc::now().timestamp()
+    registry.register("canary_last_run_id", "Id of the last run", gauge(run_id));
+    registry.register(
+        "canary_last_run_exit_code",
+        "Exit code of the last run (0 ok, 1 drift, 3 unmeasured)",
+        gauge(i64::from(judgement.exit_code())),
     );
-    let _ = writeln!(out, "# HELP canary_last_run_id Id of the last run.");
-    let _ = writeln!(out, "# TYPE canary_last_run_id gauge");
-    let _ = writeln!(out, "canary_last_run_id {run_id}");
-    let _ = writeln!(
-        out,
-        "# HELP canary_last_run_exit_code Exit code of the last run (0 ok, 1 drift, 3 unmeasured)."
-    );
-    let _ = writeln!(out, "# TYPE canary_last_run_exit_code gauge");
-    let _ = writeln!(out, "canary_last_run_exit_code {}", judgement.exit_code());
-    let _ = writeln!(
-        out,
-        "# HELP canary_prompts Prompts of the last run by lane and verdict."
-    );
-    let _ = writeln!(out, "# TYPE canary_prompts gauge");
+    let prompts = Family::<LaneVerdict, Gauge>::default();
+    let drifted = Family::<LaneLabel, Gauge>::default();
+    let p_values = Family::<LaneLabel, FloatGauge>::default();
     for lane in &judgement.lanes {
         for verdict in crate::verdict::Verdict::ALL {
-            let n = lane.count(verdict);
-            let _ = writeln!(
-                out,
-                "canary_prompts{{lane=\"{}\",verdict=\"{verdict}\"}} {n}",
-                lane.lane
-            );
+            prompts
+                .get_or_create(&LaneVerdict {
+                    lane: lane.lane.clone(),
+                    verdict: verdict.to_string(),
+                })
+                .set(lane.count(verdict) as i64);
         }
-    }
-    let _ = writeln!(
-        out,
-        "# HELP canary_lane_drifted Whether the lane's verdict in the last run was drifted."
-    );
-    let _ = writeln!(out, "# TYPE canary_lane_drifted gauge");
-    for lane in &judgement.lanes {
-        let drifted = u8::from(lane.verdict == crate::verdict::Verdict::Drifted);
-        let _ = writeln!(
-            out,
-            "canary_lane_drifted{{lane=\"{}\"}} {drifted}",
-            lane.lane
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# HELP canary_lane_drift_p_value p-value of the two-sample test of the lane's sampled prompts in the last run (drift when at most drift.alpha)."
-    );
-    let _ = writeln!(out, "# TYPE canary_lane_drift_p_value gauge");
-    for lane in &judgement.lanes {
+        let label = LaneLabel {
+            lane: lane.lane.clone(),
+        };
+        drifted
+            .get_or_create(&label)
+            .set(i64::from(lane.verdict == crate::verdict::Verdict::Drifted));
         if let Some(test) = &lane.test {
-            let _ = writeln!(
-                out,
-                "canary_lane_drift_p_value{{lane=\"{}\"}} {}",
-                lane.lane, test.p_value
-            );
+            p_values.get_or_create(&label).set(test.p_value);
         }
     }
-    out
+    registry.register(
+        "canary_prompts",
+        "Prompts of the last run by lane and verdict",
+        prompts,
+    );
+    registry.register(
+        "canary_lane_drifted",
+        "Whether the lane's verdict in the last run was drifted",
+        drifted,
+    );
+    registry.register(
+        "canary_lane_drift_p_value",
+        "p-value of the two-sample test of the lane's sampled prompts in the last run (drift when at most drift.alpha)",
+        p_values,
+    );
+    crate::metrics::encode(&registry)
 }

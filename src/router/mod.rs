@@ -173,7 +173,12 @@ impl Router {
 
     /// Prometheus text of the router's metrics, lane states included.
     pub fn render_prometheus(&self) -> String {
-        self.metrics.render_prometheus(&self.statuses())
+        crate::metrics::encode(&self.metrics_registry())
+    }
+
+    /// The router's metrics, lane states included, as a registry to add to and encode.
+    pub fn metrics_registry(&self) -> prometheus_client::registry::Registry {
+        self.metrics.registry(&self.statuses())
     }
 
     /// Routes a job through the lanes in order; the first answer inside `deadline` wins.

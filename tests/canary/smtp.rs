@@ -1,9 +1,11 @@
 //! A real SMTP server for the alert tests: aiosmtpd from PyPI, started on loopback.
-//! `.ci/run` installs it; locally: `python3 -m pip install aiosmtpd==1.4.6`.
+//! `scripts/mailbox` installs it on first use into a venv in the cache, so the tests need
+//! nothing installed by hand.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// One received message, as the server decoded it.
@@ -32,8 +34,8 @@ impl SmtpServer {
     /// Starts the server and waits until it listens.
     pub fn start(options: SmtpOptions<'_>) -> SmtpServer {
         let out = tempfile::tempdir().unwrap();
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/smtp/server.py");
-        let mut command = Command::new("python3");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/mailbox.py");
+        let mut command = Command::new(python());
         command
             .arg(script)
             .arg("--out")
@@ -57,9 +59,10 @@ impl SmtpServer {
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
-        let port = line.trim().parse().unwrap_or_else(|_| {
-            panic!("the SMTP test server did not start (is aiosmtpd installed? python3 -m pip install aiosmtpd==1.4.6)")
-        });
+        let port = line
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("the SMTP test server did not start (see its stderr above)"));
         SmtpServer { child, port, out }
     }
 
@@ -88,6 +91,24 @@ impl SmtpServer {
         }
         self.received()
     }
+}
+
+/// The python of the mailbox's venv, provisioned once per test run by `scripts/mailbox`.
+fn python() -> &'static Path {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/mailbox");
+        let out = Command::new(script)
+            .arg("python")
+            .output()
+            .expect("scripts/mailbox runs");
+        assert!(
+            out.status.success(),
+            "scripts/mailbox could not install aiosmtpd: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
 }
 
 impl Drop for SmtpServer {

@@ -1,8 +1,9 @@
-"""A real SMTP server (aiosmtpd) on loopback for canary's alert tests.
+"""A real SMTP server (aiosmtpd) on loopback: canary's alert tests and the quickstart's mailbox.
 
-Prints its port on the first line of stdout, then writes each message it accepts to
---out as NNNN.json: the envelope, whether the session was encrypted and authenticated,
-the headers, and the decoded text and HTML parts.
+Prints its port on the first line of stdout, then writes each message it accepts to --out as
+NNNN.eml (the message as received, for any mail reader) and NNNN.json (the envelope, whether
+the session was encrypted and authenticated, the headers, and the decoded text and HTML parts).
+Started by scripts/mailbox, which installs aiosmtpd.
 """
 
 import argparse
@@ -42,10 +43,13 @@ class Recorder:
             "html": parts.get("html"),
             "raw": envelope.original_content.decode("utf-8", "replace"),
         }
-        path = os.path.join(self.out, "%04d.json" % self.count)
-        with open(path + ".tmp", "w") as f:
+        base = os.path.join(self.out, "%04d" % self.count)
+        with open(base + ".eml.tmp", "wb") as f:
+            f.write(envelope.original_content)
+        os.rename(base + ".eml.tmp", base + ".eml")
+        with open(base + ".json.tmp", "w") as f:
             json.dump(record, f)
-        os.rename(path + ".tmp", path)
+        os.rename(base + ".json.tmp", base + ".json")
         return "250 Message accepted for delivery"
 
 
