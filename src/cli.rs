@@ -108,9 +108,13 @@ pub enum Command {
     /// Runs over time: verdict counts, similarity and latency per lane, or one prompt's story.
     History(HistoryArgs),
 
-    /// Write a self-contained HTML report of a run: verdicts, reasons and diffs.
+    /// Write a self-contained HTML report of a run: per lane, drift and latency over the last runs,
+    /// a prompts × runs grid of verdicts, and each drifted answer beside its baseline.
+    ///
+    /// One file, no script, nothing fetched: it opens offline and from a mail attachment. Model
+    /// output is shown as text, never as markup.
     #[command(
-        after_help = "Examples:\n  canary report -o report.html\n  canary report --run 12 -o /var/www/canary/latest.html"
+        after_help = "Examples:\n  canary report -o report.html\n  canary report --run 12 --runs 60 -o /var/www/canary/latest.html"
     )]
     Report(ReportArgs),
 
@@ -276,6 +280,10 @@ pub struct ReportArgs {
     /// Where to write the HTML file.
     #[arg(short, long, value_name = "FILE.html")]
     pub output: std::path::PathBuf,
+
+    /// How many runs (up to the reported one) its charts and grid show.
+    #[arg(long, value_name = "N", default_value_t = 30, value_parser = clap::value_parser!(usize))]
+    pub runs: usize,
 }
 
 /// Arguments of `canary init`.

@@ -59,6 +59,8 @@ pub struct Config {
     pub audit_bodies: bool,
     /// Prometheus text file rewritten after each run.
     pub metrics_file: Option<PathBuf>,
+    /// The HTML report rewritten after each run, and where alerts link to it.
+    pub report: Option<ReportConfig>,
     /// Budget of one job.
     pub deadline: Duration,
     /// Below this remaining budget a call fails fast without touching the network.
@@ -71,6 +73,15 @@ pub struct Config {
     pub schedule: Option<ScheduleConfig>,
     /// Who hears about drift.
     pub alerts: Option<AlertsConfig>,
+}
+
+/// The report `canary run` keeps up to date.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportConfig {
+    /// The HTML file, rewritten after each run.
+    pub path: PathBuf,
+    /// Where people open it (a web server serving `path`); alerts link to it.
+    pub url: Option<String>,
 }
 
 /// What kind of endpoint a lane talks to.
@@ -337,6 +348,8 @@ struct RawConfig {
     #[serde(default)]
     metrics_file: Option<PathBuf>,
     #[serde(default)]
+    report: Option<RawReport>,
+    #[serde(default)]
     deadline: Option<Spanned<HumanDuration>>,
     #[serde(default)]
     floor: Option<Spanned<HumanDuration>>,
@@ -408,6 +421,14 @@ struct RawBreaker {
     cooldown: Option<HumanDuration>,
     #[serde(default)]
     max_cooldown: Option<Spanned<HumanDuration>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReport {
+    path: PathBuf,
+    #[serde(default)]
+    url: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -736,6 +757,10 @@ impl RawConfig {
             audit: self.audit.map(at),
             audit_bodies: self.audit_bodies,
             metrics_file: self.metrics_file.map(at),
+            report: self.report.map(|r| ReportConfig {
+                path: at(r.path),
+                url: r.url,
+            }),
             deadline,
             floor,
             lanes,

@@ -2,6 +2,8 @@
 
 use std::fmt::Write as _;
 
+use maud::html;
+
 use crate::html;
 use crate::judge::JudgedLane;
 use crate::report;
@@ -18,8 +20,9 @@ pub struct Message {
     pub html: String,
 }
 
-/// A lane drifted: how many prompts, the reasons, the diffs, and the commands to review.
-pub fn drift(run_id: i64, lane: &JudgedLane) -> Message {
+/// A lane drifted: how many prompts, the reasons, the diffs, the commands to review, and the
+/// report (`report`: where it is, for people) when one is kept.
+pub fn drift(run_id: i64, lane: &JudgedLane, report: Option<&str>) -> Message {
     let drifted: Vec<_> = lane
         .items
         .iter()
@@ -76,29 +79,33 @@ pub fn drift(run_id: i64, lane: &JudgedLane) -> Message {
         text,
         "\nReview:  {review}\nAccept what is right:  {accept}\n"
     );
+    if let Some(report) = report {
+        let _ = writeln!(text, "Report (this lane over the last runs):  {report}");
+    }
 
-    let mut body = format!(
-        "<p>canary: lane <b>{}</b> drifted in run {run_id}.</p><ul>",
-        html::escape(&lane.lane)
-    );
-    for reason in &lane.reasons {
-        let _ = write!(body, "<li>{}</li>", html::escape(reason));
-    }
-    body.push_str("</ul>");
-    body.push_str(&html::lane_table(lane));
-    for item in &drifted {
-        body.push_str(&html::item(&lane.lane, item, run_id));
-    }
-    let _ = write!(
-        body,
-        "<p>Review: <code>{}</code><br>Accept what is right: <code>{}</code></p>",
-        html::escape(&review),
-        html::escape(&accept)
-    );
+    let body = html! {
+        p { "canary: lane " b { (lane.lane) } " drifted in run " (run_id) "." }
+        ul { @for reason in &lane.reasons { li { (reason) } } }
+        (html::lane_table(lane))
+        @for judged in &drifted { (html::item(&lane.lane, judged, run_id)) }
+        p {
+            "Review: " code { (review) } br;
+            "Accept what is right: " code { (accept) }
+            @if let Some(report) = report {
+                br;
+                "Report (this lane over the last runs): "
+                @if report.starts_with("https://") || report.starts_with("http://") {
+                    a href=(report) { (report) }
+                } @else {
+                    code { (report) }
+                }
+            }
+        }
+    };
     Message {
         subject,
         text,
-        html: wrap(&body),
+        html: html::email(body),
     }
 }
 
@@ -114,12 +121,10 @@ pub fn recovered(run_id: i64, lane: &JudgedLane) -> Message {
         lane.verdict,
         lane_table_text(lane)
     );
-    let html = wrap(&format!(
-        "<p>canary: lane <b>{}</b> no longer drifts (run {run_id}, verdict {}).</p>{}",
-        html::escape(&lane.lane),
-        lane.verdict,
-        html::lane_table(lane)
-    ));
+    let html = html::email(html! {
+        p { "canary: lane " b { (lane.lane) } " no longer drifts (run " (run_id) ", verdict " (lane.verdict) ")." }
+        (html::lane_table(lane))
+    });
     Message {
         subject,
         text,
@@ -133,10 +138,10 @@ pub fn test(config_path: &str) -> Message {
     let text = format!(
         "This is a test alert from canary ({config_path}).\nIf you can read it, drift alerts will reach you here.\n"
     );
-    let html = wrap(&format!(
-        "<p>This is a test alert from canary (<code>{}</code>).</p><p>If you can read it, drift alerts will reach you here.</p>",
-        html::escape(config_path)
-    ));
+    let html = html::email(html! {
+        p { "This is a test alert from canary (" code { (config_path) } ")." }
+        p { "If you can read it, drift alerts will reach you here." }
+    });
     Message {
         subject,
         text,
@@ -153,10 +158,4 @@ fn lane_table_text(lane: &JudgedLane) -> String {
         }
     }
     format!("{}: {}  ({})\n", lane.lane, lane.verdict, out.trim_end())
-}
-
-fn wrap(body: &str) -> String {
-    format!(
-        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"></head><body style=\"font-family:sans-serif\">{body}</body></html>"
-    )
 }

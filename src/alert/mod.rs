@@ -129,7 +129,7 @@ pub async fn after_run(
             continue;
         }
         let message = match kind {
-            Kind::Drift => message::drift(judgement.run_id, lane),
+            Kind::Drift => message::drift(judgement.run_id, lane, report_link(config).as_deref()),
             Kind::Recovered => message::recovered(judgement.run_id, lane),
         };
         for channel in channels {
@@ -207,6 +207,17 @@ pub fn drift_streak(
         }
     }
     Ok(streak)
+}
+
+/// Where people find the report `canary run` keeps: its URL, else its file.
+fn report_link(config: &Config) -> Option<String> {
+    let report = config.report.as_ref()?;
+    Some(
+        report
+            .url
+            .clone()
+            .unwrap_or_else(|| report.path.display().to_string()),
+    )
 }
 
 /// Kinds of alert.

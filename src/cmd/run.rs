@@ -206,6 +206,12 @@ async fn conclude(
         tracing::warn!("cannot write metrics file {}: {err}", path.display());
     }
 
+    if let Some(report) = &config.report
+        && let Err(err) = write_report(config, store, &judgement, &report.path)
+    {
+        tracing::warn!("cannot write the report {}: {err:#}", report.path.display());
+    }
+
     // Alerts come after the results and verdicts are committed: a failed delivery loses
     // nothing, stays pending for the next run, and never changes the exit code. They also come
     // before the output, so a reader that goes away cannot stop them.
@@ -338,6 +344,31 @@ fn summary(
     }
     out
 }
+
+/// Rewrites the configured report with this run, through a temp file, so a web server never
+/// serves half a page.
+fn write_report(
+    config: &crate::config::Config,
+    store: &Store,
+    judgement: &crate::judge::RunJudgement,
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
+    let run = store.run(Some(judgement.run_id))?;
+    let lanes: Vec<String> = judgement.lanes.iter().map(|l| l.lane.clone()).collect();
+    let histories = crate::html::report::history(store, &lanes, run.id, REPORT_RUNS)?;
+    let page = crate::html::report::page(&run, judgement, &histories, config.drift.alpha);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut temp = path.as_os_str().to_os_string();
+    temp.push(".tmp");
+    std::fs::write(&temp, page)?;
+    std::fs::rename(&temp, path)?;
+    Ok(())
+}
+
+/// Runs the report kept by `canary run` shows.
+const REPORT_RUNS: usize = 30;
 
 /// How the run is sampled, for its first log line: `10 samples × 8, 1 sample × 5`.
 fn sampling_summary(plan: &Plan<'_>) -> String {

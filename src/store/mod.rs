@@ -495,6 +495,21 @@ impl Store {
         Ok(rows)
     }
 
+    /// The latest runs up to `run_id` (included), newest first.
+    pub fn runs_through(&self, run_id: i64, limit: usize) -> Result<Vec<RunRow>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "{RUN_SELECT} WHERE id <= ?1 ORDER BY id DESC LIMIT ?2"
+            ))
+            .map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map(params![run_id, limit as i64], run_row)
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| self.err(e))?;
+        Ok(rows)
+    }
+
     /// Every result of a run, in lane, prompt, sample order.
     pub fn results(&self, run_id: i64) -> Result<Vec<StoredResult>, StoreError> {
         let mut stmt = self

@@ -63,7 +63,11 @@ async fn drift_sends_one_email_the_same_drift_none_and_recovery_one() {
     let smtp = SmtpServer::start(SmtpOptions::default());
     let drift = Arc::new(Mutex::new(false));
     let server = model(drift.clone()).await;
-    let project = project(server.base_url(), smtp.port, &[]);
+    let project = project(
+        server.base_url(),
+        smtp.port,
+        &["report: { path: report.html, url: https://canary.example.com/report.html }"],
+    );
 
     canary(&project, &["run"]).await;
     canary(&project, &["accept"]).await;
@@ -100,13 +104,28 @@ async fn drift_sends_one_email_the_same_drift_none_and_recovery_one() {
     assert!(body.contains("canary diff --run 3 --lane free"), "{body}");
     let html = email["html"].as_str().unwrap();
     assert!(
-        html.contains("&lt;script&gt;alert(&#39;owned&#39;)&lt;/script&gt;"),
+        html.contains("&lt;script&gt;alert('owned')&lt;/script&gt;"),
         "model output is escaped: {html}"
     );
     assert!(!html.contains("<script>"), "{html}");
     assert!(
-        html.contains("background:#fdd") && html.contains("background:#dfd"),
+        html.contains("background:#ffeef0") && html.contains("background:#e6ffed"),
         "the diff is in the HTML: {html}"
+    );
+    assert!(
+        body.contains(
+            "Report (this lane over the last runs):  https://canary.example.com/report.html"
+        ),
+        "{body}"
+    );
+    assert!(
+        html.contains("<a href=\"https://canary.example.com/report.html\">"),
+        "{html}"
+    );
+    let report = std::fs::read_to_string(project.file("report.html")).unwrap();
+    assert!(
+        report.contains("canary · run 3"),
+        "run keeps the report up to date"
     );
 
     let again = canary(&project, &["run"]).await;

@@ -603,10 +603,13 @@ async fn report_writes_one_self_contained_html_page() {
         page.starts_with("<!DOCTYPE html>") && page.contains("canary run 2"),
         "{page}"
     );
-    assert!(page.contains("lane local: drifted"), "{page}");
+    assert!(
+        page.contains("lane local: <span style=\"color:#cf222e\">drifted</span>"),
+        "{page}"
+    );
     assert!(page.contains("answer changed: yes → no"), "{page}");
     assert!(
-        page.contains("background:#fdd") && page.contains("famous"),
+        page.contains("background:#ffeef0") && page.contains("famous"),
         "{page}"
     );
     assert!(

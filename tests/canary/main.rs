@@ -14,6 +14,7 @@ mod kill_switch;
 mod real_model;
 mod recipes;
 mod rendering;
+mod report_page;
 mod review;
 mod router;
 mod sampled;

@@ -59,10 +59,9 @@ impl SmtpServer {
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
-        let port = line
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("the SMTP test server did not start (see its stderr above)"));
+        let port = line.trim().parse().unwrap_or_else(|_| {
+            panic!("the SMTP test server did not start (see its stderr above)")
+        });
         SmtpServer { child, port, out }
     }
 
