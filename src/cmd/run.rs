@@ -77,13 +77,28 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<i32> {
         let preview = Judge::new(&config, &store, &set).run(run_id, Against::Baselines)?;
         let more = more_samples(&plan, &preview);
         if !more.is_empty() {
+            // One line per lane and reason, not one per prompt.
+            let mut grouped: std::collections::BTreeMap<(&str, &str), (Vec<&str>, u32)> =
+                std::collections::BTreeMap::new();
             for extra in &more {
+                let entry = grouped
+                    .entry((extra.item.lane.as_str(), extra.why))
+                    .or_default();
+                entry.0.push(extra.item.prompt.id.as_str());
+                entry.1 = entry.1.max(extra.item.first + extra.item.samples);
+            }
+            for ((lane, why), (ids, total)) in &grouped {
+                let shown = ids.iter().take(5).copied().collect::<Vec<_>>().join(", ");
+                let rest = ids.len().saturating_sub(5);
                 tracing::info!(
-                    "{}/{}: {}: {} more samples",
-                    extra.item.lane,
-                    extra.item.prompt.id,
-                    extra.why,
-                    extra.item.samples
+                    "lane {lane}, {} prompt{} ({shown}{}): {why}; sampling each up to {total} times",
+                    ids.len(),
+                    if ids.len() == 1 { "" } else { "s" },
+                    if rest > 0 {
+                        format!(" and {rest} more")
+                    } else {
+                        String::new()
+                    }
                 );
             }
             let more = Plan {
