@@ -118,6 +118,17 @@ pub enum Command {
     )]
     Report(ReportArgs),
 
+    /// Remove runs older than `store.keep` (or --keep) from the store, with their results.
+    ///
+    /// Keeps the runs the baselines were accepted from, the newest run, and runs whose alerts
+    /// still matter; then drops the answers no remaining run refers to. `canary run` prunes by
+    /// itself after each run when `store.keep` is set. Freed space is reused by later runs;
+    /// --vacuum also shrinks the file. Exit codes: 0 done, 2 error (or a run in progress).
+    #[command(
+        after_help = "Examples:\n  canary prune --keep 400d --dry-run\n  canary prune\n  canary prune --keep 90d --vacuum"
+    )]
+    Prune(PruneArgs),
+
     /// Scaffold a canary project: canary.yaml, the starter prompt set and snapshots/.
     ///
     /// Never overwrites: existing files are left alone and listed.
@@ -286,6 +297,22 @@ pub struct ReportArgs {
     pub runs: usize,
 }
 
+/// Arguments of `canary prune`.
+#[derive(Debug, Args)]
+pub struct PruneArgs {
+    /// Keep runs younger than this, e.g. 400d, 26weeks (default: `store.keep` from the config).
+    #[arg(long, value_parser = parse_keep, value_name = "DURATION")]
+    pub keep: Option<Duration>,
+
+    /// Count what would be removed; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Afterwards rewrite the file without its free space (takes a while on a big store).
+    #[arg(long)]
+    pub vacuum: bool,
+}
+
 /// Arguments of `canary init`.
 #[derive(Debug, Args)]
 pub struct InitArgs {
@@ -308,6 +335,18 @@ pub struct HistoryArgs {
     /// How many runs, newest first.
     #[arg(long, default_value_t = 20)]
     pub limit: usize,
+}
+
+fn parse_keep(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if d >= crate::config::MIN_KEEP => Ok(d),
+        Ok(_) => Err(format!(
+            "expected at least 1d (runs younger than it are kept), found `{text}`"
+        )),
+        Err(_) => Err(format!(
+            "expected a duration such as 400d or 26weeks, found `{text}`"
+        )),
+    }
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {

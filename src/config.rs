@@ -49,6 +49,8 @@ pub struct Config {
     pub path: PathBuf,
     /// SQLite store.
     pub store: PathBuf,
+    /// How long runs are kept (`store.keep`); `None` keeps every run.
+    pub store_keep: Option<Duration>,
     /// Folder of the pinned prompt set.
     pub prompts: PathBuf,
     /// Folder of the accepted baselines.
@@ -335,8 +337,8 @@ fn invalid_at<T>(path: &Path, spanned: &Spanned<T>, message: String) -> ConfigEr
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
-    #[serde(default = "default_store")]
-    store: PathBuf,
+    #[serde(default)]
+    store: RawStore,
     #[serde(default = "default_prompts")]
     prompts: PathBuf,
     #[serde(default = "default_snapshots")]
@@ -365,6 +367,58 @@ struct RawConfig {
 fn default_store() -> PathBuf {
     PathBuf::from(".canary/canary.db")
 }
+
+/// `store:` is the store's path, or a table of the path and how long runs are kept.
+struct RawStore {
+    path: PathBuf,
+    keep: Option<Spanned<HumanDuration>>,
+}
+
+impl Default for RawStore {
+    fn default() -> RawStore {
+        RawStore {
+            path: default_store(),
+            keep: None,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RawStore {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Table {
+            #[serde(default = "default_store")]
+            path: PathBuf,
+            #[serde(default)]
+            keep: Option<Spanned<HumanDuration>>,
+        }
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = RawStore;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a path such as .canary/canary.db, or a table with `path` and `keep`")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawStore, E> {
+                Ok(RawStore {
+                    path: PathBuf::from(v),
+                    keep: None,
+                })
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<RawStore, A::Error> {
+                let table = Table::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(RawStore {
+                    path: table.path,
+                    keep: table.keep,
+                })
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
+/// The shortest `store.keep`: a day, so a typo cannot empty the history.
+pub const MIN_KEEP: Duration = Duration::from_secs(24 * 60 * 60);
 fn default_prompts() -> PathBuf {
     PathBuf::from("prompts")
 }
@@ -537,6 +591,18 @@ impl RawConfig {
             .as_ref()
             .map_or(DEFAULT_DEADLINE, |d| d.value.0);
         let floor = self.floor.as_ref().map_or(DEFAULT_FLOOR, |f| f.value.0);
+        if let Some(keep) = &self.store.keep
+            && keep.value.0 < MIN_KEEP
+        {
+            return Err(invalid_at(
+                path,
+                keep,
+                format!(
+                    "expected `store.keep` of at least 1d (runs younger than it are kept), found {}",
+                    humantime::format_duration(keep.value.0)
+                ),
+            ));
+        }
         if let Some(spanned) = &self.deadline
             && (deadline.is_zero() || deadline > MAX_DEADLINE)
         {
@@ -751,7 +817,8 @@ impl RawConfig {
         let at = |p: PathBuf| if p.is_absolute() { p } else { dir.join(p) };
         Ok(Config {
             path: path.to_path_buf(),
-            store: at(self.store),
+            store_keep: self.store.keep.map(|k| k.value.0),
+            store: at(self.store.path),
             prompts: at(self.prompts),
             snapshots: at(self.snapshots),
             audit: self.audit.map(at),
@@ -1076,6 +1143,29 @@ mod tests {
         let email = config.alerts.unwrap().email.unwrap();
         assert_eq!(email.smtp.security, SmtpSecurity::Starttls);
         assert_eq!(email.smtp.password_env.as_deref(), Some("SMTP_PASSWORD"));
+    }
+
+    #[test]
+    fn the_store_is_a_path_or_a_table_with_how_long_runs_are_kept() {
+        let config = parse(&format!("store: /var/lib/canary.db\n{MINIMAL}")).unwrap();
+        assert_eq!(config.store, PathBuf::from("/var/lib/canary.db"));
+        assert_eq!(config.store_keep, None);
+        let config = parse(&format!("store:\n  keep: 400d\n{MINIMAL}")).unwrap();
+        assert_eq!(config.store, PathBuf::from("/srv/canary/.canary/canary.db"));
+        assert_eq!(
+            config.store_keep,
+            Some(Duration::from_secs(400 * 24 * 60 * 60))
+        );
+        let err = parse(&format!("store:\n  path: c.db\n  kep: 400d\n{MINIMAL}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("/srv/canary/canary.yaml:3:3: "), "{err}");
+        assert!(err.contains("kep"), "{err}");
+        let err = parse(&format!("store:\n  keep: 2h\n{MINIMAL}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("/srv/canary/canary.yaml:2:9: "), "{err}");
+        assert!(err.contains("at least 1d"), "{err}");
     }
 
     #[test]

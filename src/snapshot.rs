@@ -258,6 +258,46 @@ impl Snapshot {
         }
     }
 
+    /// The runs every snapshot under `snapshots` was accepted from, sorted, once each: what a
+    /// prune keeps. A file that cannot be read or parsed is reported, not skipped silently.
+    pub fn source_runs(snapshots: &Path) -> Result<Vec<i64>, SnapshotError> {
+        let mut runs = Vec::new();
+        let mut folders = vec![snapshots.to_path_buf()];
+        while let Some(folder) = folders.pop() {
+            let entries = match std::fs::read_dir(&folder) {
+                Ok(entries) => entries,
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(source) => {
+                    return Err(SnapshotError::Io {
+                        path: folder,
+                        source,
+                    });
+                }
+            };
+            for entry in entries {
+                let path = entry
+                    .map_err(|source| SnapshotError::Io {
+                        path: folder.clone(),
+                        source,
+                    })?
+                    .path();
+                if path.is_dir() {
+                    folders.push(path);
+                } else if path.extension().is_some_and(|e| e == "snap") {
+                    let text =
+                        std::fs::read_to_string(&path).map_err(|source| SnapshotError::Io {
+                            path: path.clone(),
+                            source,
+                        })?;
+                    runs.push(Snapshot::parse(&path, &text)?.header.accepted_from_run);
+                }
+            }
+        }
+        runs.sort_unstable();
+        runs.dedup();
+        Ok(runs)
+    }
+
     /// Writes the snapshot atomically (temp file, then rename), creating the lane folder.
     pub fn write(&self, snapshots: &Path) -> Result<PathBuf, SnapshotError> {
         let path = path_for(snapshots, &self.header.lane, &self.header.prompt_id);

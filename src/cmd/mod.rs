@@ -8,6 +8,7 @@ pub mod check;
 pub mod diff;
 pub mod history;
 pub mod init;
+pub mod prune;
 pub mod report;
 pub mod review;
 pub mod run;
@@ -41,6 +42,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::History(args) => history::run(&cli, args),
         Command::Report(args) => report::run(&cli, args),
         Command::Init(args) => init::run(args),
+        Command::Prune(args) => prune::run(&cli, args),
         Command::Schedule => schedule::run(&cli).await,
         Command::Alert(AlertCommand::Test) => alert::test(&cli).await,
     }

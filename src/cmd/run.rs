@@ -252,6 +252,21 @@ async fn conclude(
         }
     }
 
+    // Retention last: this run and its alerts are safe in the store before anything old goes.
+    if let Some(keep) = config.store_keep {
+        match super::prune::prune(config, store, keep, false) {
+            Ok(done) if done.pruned.runs > 0 => tracing::info!(
+                "store.keep {}: removed {} runs started before {} ({} results)",
+                humantime::format_duration(keep),
+                done.pruned.runs,
+                &done.cutoff[..10],
+                done.pruned.results
+            ),
+            Ok(_) => {}
+            Err(err) => tracing::warn!("store.keep: nothing pruned: {err:#}"),
+        }
+    }
+
     let latency = report::latency(&store.results(run_id)?);
     let text = match cli.format {
         Format::Json => {

@@ -94,4 +94,96 @@ pub const MIGRATIONS: &[&str] = &[
     ALTER TABLE lane_verdicts ADD COLUMN p_value REAL;
     CREATE INDEX lane_verdicts_by_lane ON lane_verdicts (lane, run_id);
     "#,
+    // 3: a compact history. What repeats from result to result (lane names, prompt ids and
+    // hashes, the outcome with the model, fingerprint and finish reason it reported, verdict
+    // names) is stored once and referenced by a small integer; output hashes are 32-byte blobs
+    // referenced by row id; a result's time is milliseconds since its run started. A result
+    // row drops from about 320 bytes to about 40.
+    r#"
+    CREATE TABLE words (
+        id    INTEGER PRIMARY KEY,
+        word  TEXT    NOT NULL UNIQUE
+    );
+    CREATE TABLE prompt_versions (
+        id      INTEGER PRIMARY KEY,
+        prompt  INTEGER NOT NULL REFERENCES words(id),
+        hash    TEXT    NOT NULL,
+        UNIQUE (prompt, hash)
+    );
+    CREATE TABLE served_as (
+        id             INTEGER PRIMARY KEY,
+        outcome        TEXT    NOT NULL,
+        model          TEXT,
+        fingerprint    TEXT,
+        finish_reason  TEXT
+    );
+    CREATE INDEX served_as_by_outcome ON served_as (outcome, model);
+    CREATE TABLE texts (
+        id    INTEGER PRIMARY KEY,
+        hash  BLOB    NOT NULL UNIQUE,  -- SHA-256 of the text
+        text  TEXT    NOT NULL
+    );
+    CREATE TABLE results_v3 (
+        run_id             INTEGER NOT NULL REFERENCES runs(id),
+        lane               INTEGER NOT NULL REFERENCES words(id),
+        prompt             INTEGER NOT NULL REFERENCES prompt_versions(id),
+        sample             INTEGER NOT NULL,
+        served             INTEGER NOT NULL REFERENCES served_as(id),
+        output             INTEGER REFERENCES texts(id),
+        prompt_tokens      INTEGER,
+        completion_tokens  INTEGER,
+        queue_ms           INTEGER NOT NULL,
+        call_ms            INTEGER NOT NULL,
+        error              TEXT,
+        at_ms              INTEGER NOT NULL,  -- when it was committed, after the run's start
+        PRIMARY KEY (run_id, lane, prompt, sample)
+    ) WITHOUT ROWID;
+    CREATE TABLE verdicts_v3 (
+        run_id      INTEGER NOT NULL REFERENCES runs(id),
+        lane        INTEGER NOT NULL REFERENCES words(id),
+        prompt      INTEGER NOT NULL REFERENCES words(id),
+        verdict     INTEGER NOT NULL REFERENCES words(id),
+        similarity  REAL,
+        review      INTEGER NOT NULL DEFAULT 0,
+        reasons     TEXT,  -- JSON list of strings; NULL when there are none
+        mode        INTEGER REFERENCES words(id),
+        p_value     REAL,
+        PRIMARY KEY (run_id, lane, prompt)
+    ) WITHOUT ROWID;
+
+    INSERT OR IGNORE INTO words (word)
+        SELECT lane FROM results UNION SELECT prompt_id FROM results
+        UNION SELECT lane FROM verdicts UNION SELECT prompt_id FROM verdicts
+        UNION SELECT verdict FROM verdicts UNION SELECT mode FROM verdicts WHERE mode IS NOT NULL;
+    INSERT INTO prompt_versions (prompt, hash)
+        SELECT DISTINCT w.id, r.prompt_hash FROM results r JOIN words w ON w.word = r.prompt_id;
+    INSERT INTO served_as (outcome, model, fingerprint, finish_reason)
+        SELECT DISTINCT outcome, model, fingerprint, finish_reason FROM results;
+    INSERT INTO texts (hash, text) SELECT unhex(hash), text FROM outputs;
+    INSERT INTO results_v3
+        SELECT r.run_id, l.id, pv.id, r.sample, s.id, t.id, r.prompt_tokens, r.completion_tokens,
+               r.queue_ms, r.call_ms, r.error,
+               MAX(0, CAST(ROUND((julianday(r.created_at) - julianday(runs.started_at)) * 86400000) AS INTEGER))
+        FROM results r
+        JOIN runs ON runs.id = r.run_id
+        JOIN words l ON l.word = r.lane
+        JOIN words p ON p.word = r.prompt_id
+        JOIN prompt_versions pv ON pv.prompt = p.id AND pv.hash = r.prompt_hash
+        JOIN served_as s ON s.outcome = r.outcome AND s.model IS r.model
+            AND s.fingerprint IS r.fingerprint AND s.finish_reason IS r.finish_reason
+        LEFT JOIN texts t ON t.hash = unhex(r.output_hash);
+    INSERT INTO verdicts_v3
+        SELECT v.run_id, l.id, p.id, w.id, v.similarity, v.review,
+               CASE WHEN v.reasons = '[]' THEN NULL ELSE v.reasons END, m.id, v.p_value
+        FROM verdicts v
+        JOIN words l ON l.word = v.lane
+        JOIN words p ON p.word = v.prompt_id
+        JOIN words w ON w.word = v.verdict
+        LEFT JOIN words m ON m.word = v.mode;
+    DROP TABLE results;
+    DROP TABLE outputs;
+    DROP TABLE verdicts;
+    ALTER TABLE results_v3 RENAME TO results;
+    ALTER TABLE verdicts_v3 RENAME TO verdicts;
+    "#,
 ];

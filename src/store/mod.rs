@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::completion::hex_sha256;
+use sha2::{Digest, Sha256};
 
 /// A store problem.
 #[derive(Debug, thiserror::Error)]
@@ -137,6 +137,17 @@ pub struct StoredResult {
     pub call_ms: i64,
     /// What failed.
     pub error: Option<String>,
+}
+
+/// What a prune removed (or, in a dry run, would remove).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pruned {
+    /// Runs.
+    pub runs: i64,
+    /// Their results.
+    pub results: i64,
+    /// Output texts no remaining result refers to.
+    pub texts: i64,
 }
 
 /// A stored verdict of one (lane, prompt).
@@ -354,49 +365,25 @@ impl Store {
 
     /// Commits one result (and its output text, once) in its own transaction.
     pub fn insert_result(&mut self, run_id: i64, result: &NewResult<'_>) -> Result<(), StoreError> {
+        self.insert_results(run_id, std::slice::from_ref(result))
+    }
+
+    /// Commits results in one transaction: all of them or none. `run` commits each result on its
+    /// own as it arrives; bulk writers (history generators, copies) batch them.
+    pub fn insert_results(
+        &mut self,
+        run_id: i64,
+        results: &[NewResult<'_>],
+    ) -> Result<(), StoreError> {
         let path = self.path.clone();
         let sql = |source| StoreError::Sqlite {
             path: path.clone(),
             source,
         };
         let tx = self.conn.transaction().map_err(sql)?;
-        let output_hash = match result.output {
-            Some(text) => {
-                let hash = hex_sha256(text.as_bytes());
-                tx.execute(
-                    "INSERT OR IGNORE INTO outputs (hash, text) VALUES (?1, ?2)",
-                    params![hash, text],
-                )
-                .map_err(sql)?;
-                Some(hash)
-            }
-            None => None,
-        };
-        tx.execute(
-            "INSERT INTO results (run_id, lane, prompt_id, prompt_hash, sample, outcome, output_hash,
-                 model, fingerprint, finish_reason, prompt_tokens, completion_tokens, queue_ms, call_ms,
-                 error, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
-            params![
-                run_id,
-                result.lane,
-                result.prompt_id,
-                result.prompt_hash,
-                result.sample,
-                result.outcome,
-                output_hash,
-                result.model,
-                result.fingerprint,
-                result.finish_reason,
-                result.prompt_tokens.map(|t| t as i64),
-                result.completion_tokens.map(|t| t as i64),
-                result.queue_ms as i64,
-                result.call_ms as i64,
-                result.error,
-                now()
-            ],
-        )
-        .map_err(sql)?;
+        for result in results {
+            insert_result(&tx, run_id, result).map_err(sql)?;
+        }
         tx.commit().map_err(sql)
     }
 
@@ -419,22 +406,35 @@ impl Store {
         tx.execute("DELETE FROM lane_verdicts WHERE run_id = ?1", [run_id])
             .map_err(sql)?;
         for item in items {
-            tx.execute(
-                "INSERT INTO verdicts (run_id, lane, prompt_id, verdict, similarity, review, reasons,
+            let reasons = (!item.reasons.is_empty())
+                .then(|| serde_json::to_string(&item.reasons).unwrap_or_default());
+            let ids = (|| {
+                Ok::<_, rusqlite::Error>((
+                    word(&tx, &item.lane)?,
+                    word(&tx, &item.prompt_id)?,
+                    word(&tx, &item.verdict)?,
+                    item.mode.as_deref().map(|m| word(&tx, m)).transpose()?,
+                ))
+            })()
+            .map_err(sql)?;
+            tx.prepare_cached(
+                "INSERT INTO verdicts (run_id, lane, prompt, verdict, similarity, review, reasons,
                      mode, p_value)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                params![
+            )
+            .and_then(|mut insert| {
+                insert.execute(params![
                     run_id,
-                    item.lane,
-                    item.prompt_id,
-                    item.verdict,
+                    ids.0,
+                    ids.1,
+                    ids.2,
                     item.similarity,
                     item.review,
-                    serde_json::to_string(&item.reasons).unwrap_or_default(),
-                    item.mode,
+                    reasons,
+                    ids.3,
                     item.p_value
-                ],
-            )
+                ])
+            })
             .map_err(sql)?;
         }
         for lane in lanes {
@@ -515,11 +515,16 @@ impl Store {
         let mut stmt = self
             .conn
             .prepare(
-                "SELECT r.run_id, r.lane, r.prompt_id, r.prompt_hash, r.sample, r.outcome, o.text,
-                        r.model, r.fingerprint, r.finish_reason, r.completion_tokens, r.queue_ms,
+                "SELECT r.run_id, l.word, p.word, pv.hash, r.sample, s.outcome, t.text, s.model,
+                        s.fingerprint, s.finish_reason, r.completion_tokens, r.queue_ms,
                         r.call_ms, r.error
-                 FROM results r LEFT JOIN outputs o ON o.hash = r.output_hash
-                 WHERE r.run_id = ?1 ORDER BY r.lane, r.prompt_id, r.sample",
+                 FROM results r
+                 JOIN words l ON l.id = r.lane
+                 JOIN prompt_versions pv ON pv.id = r.prompt
+                 JOIN words p ON p.id = pv.prompt
+                 JOIN served_as s ON s.id = r.served
+                 LEFT JOIN texts t ON t.id = r.output
+                 WHERE r.run_id = ?1 ORDER BY l.word, p.word, r.sample",
             )
             .map_err(|e| self.err(e))?;
         let rows = stmt
@@ -551,20 +556,28 @@ impl Store {
         let mut stmt = self
             .conn
             .prepare(
-                "SELECT lane, prompt_id, verdict, similarity, review, reasons, mode, p_value
-                 FROM verdicts WHERE run_id = ?1 ORDER BY lane, prompt_id",
+                "SELECT l.word, p.word, w.word, v.similarity, v.review, v.reasons, m.word,
+                        v.p_value
+                 FROM verdicts v
+                 JOIN words l ON l.id = v.lane
+                 JOIN words p ON p.id = v.prompt
+                 JOIN words w ON w.id = v.verdict
+                 LEFT JOIN words m ON m.id = v.mode
+                 WHERE v.run_id = ?1 ORDER BY l.word, p.word",
             )
             .map_err(|e| self.err(e))?;
         let rows = stmt
             .query_map([run_id], |row| {
-                let reasons: String = row.get(5)?;
+                let reasons: Option<String> = row.get(5)?;
                 Ok(VerdictRow {
                     lane: row.get(0)?,
                     prompt_id: row.get(1)?,
                     verdict: row.get(2)?,
                     similarity: row.get(3)?,
                     review: row.get(4)?,
-                    reasons: serde_json::from_str(&reasons).unwrap_or_default(),
+                    reasons: reasons
+                        .map(|r| serde_json::from_str(&r).unwrap_or_default())
+                        .unwrap_or_default(),
                     mode: row.get(6)?,
                     p_value: row.get(7)?,
                 })
@@ -714,11 +727,94 @@ impl Store {
     pub fn counts(&self) -> Result<(i64, i64), StoreError> {
         self.conn
             .query_row(
-                "SELECT (SELECT COUNT(*) FROM results), (SELECT COUNT(*) FROM outputs)",
+                "SELECT (SELECT COUNT(*) FROM results), (SELECT COUNT(*) FROM texts)",
                 [],
                 |row| Ok((row.get(0)?, row.get(1)?)),
             )
             .map_err(|e| self.err(e))
+    }
+
+    /// Removes runs started before `cutoff` (RFC 3339) with their results, verdicts and sent
+    /// alerts, then the output texts no remaining result refers to. Kept whatever their age:
+    /// the runs in `keep` (the baselines' source runs), the newest run, a run still `running`,
+    /// runs with an undelivered alert, and each lane's newest alert, which holds back a repeat
+    /// of the same drift. With `dry_run`, counts what would go and changes nothing.
+    pub fn prune(
+        &mut self,
+        cutoff: &str,
+        keep: &[i64],
+        dry_run: bool,
+    ) -> Result<Pruned, StoreError> {
+        let path = self.path.clone();
+        let sql = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(sql)?;
+        tx.execute(
+            "CREATE TEMP TABLE doomed AS SELECT id FROM runs
+             WHERE started_at < ?1 AND status != 'running'
+               AND id NOT IN (SELECT value FROM json_each(?2))
+               AND id < (SELECT MAX(id) FROM runs)
+               AND id NOT IN (SELECT run_id FROM alerts WHERE status = 'pending')
+               AND id NOT IN (SELECT MAX(id) FROM alerts GROUP BY lane)",
+            params![cutoff, serde_json::to_string(keep).unwrap_or_default()],
+        )
+        .map_err(sql)?;
+        let count =
+            |query: &str| -> rusqlite::Result<i64> { tx.query_row(query, [], |row| row.get(0)) };
+        let mut pruned = Pruned {
+            runs: count("SELECT COUNT(*) FROM doomed").map_err(sql)?,
+            results: count("SELECT COUNT(*) FROM results WHERE run_id IN (SELECT id FROM doomed)")
+                .map_err(sql)?,
+            texts: 0,
+        };
+        if dry_run {
+            pruned.texts = count(
+                "SELECT COUNT(*) FROM texts WHERE id NOT IN
+                     (SELECT output FROM results WHERE output IS NOT NULL
+                          AND run_id NOT IN (SELECT id FROM doomed))",
+            )
+            .map_err(sql)?;
+            drop(tx);
+            self.conn
+                .execute_batch("DROP TABLE IF EXISTS temp.doomed")
+                .map_err(|e| self.err(e))?;
+            return Ok(pruned);
+        }
+        tx.execute_batch(
+            "DELETE FROM alerts WHERE run_id IN (SELECT id FROM doomed);
+             DELETE FROM verdicts WHERE run_id IN (SELECT id FROM doomed);
+             DELETE FROM lane_verdicts WHERE run_id IN (SELECT id FROM doomed);
+             DELETE FROM results WHERE run_id IN (SELECT id FROM doomed);
+             DELETE FROM runs WHERE id IN (SELECT id FROM doomed);",
+        )
+        .map_err(sql)?;
+        pruned.texts = tx
+            .execute(
+                "DELETE FROM texts WHERE id NOT IN
+                     (SELECT output FROM results WHERE output IS NOT NULL)",
+                [],
+            )
+            .map_err(sql)? as i64;
+        tx.execute_batch("DROP TABLE temp.doomed").map_err(sql)?;
+        tx.commit().map_err(sql)?;
+        Ok(pruned)
+    }
+
+    /// Rewrites the file without its free pages (SQLite's `VACUUM`), so it shrinks after a prune.
+    pub fn vacuum(&self) -> Result<(), StoreError> {
+        self.conn
+            .execute_batch("VACUUM; PRAGMA wal_checkpoint(TRUNCATE);")
+            .map_err(|e| self.err(e))
+    }
+
+    /// Bytes the store takes on disk: the database file and its write-ahead log.
+    pub fn disk_bytes(&self) -> u64 {
+        let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+        let mut wal = self.path.clone().into_os_string();
+        wal.push("-wal");
+        size(&self.path) + size(Path::new(&wal))
     }
 
     /// SQLite's own consistency check; `ok` when the file is sound.
@@ -726,6 +822,112 @@ impl Store {
         self.conn
             .query_row("PRAGMA integrity_check", [], |row| row.get(0))
             .map_err(|e| self.err(e))
+    }
+}
+
+/// Commits one result inside `tx`, storing what repeats once.
+fn insert_result(tx: &Connection, run_id: i64, result: &NewResult<'_>) -> rusqlite::Result<()> {
+    let lane = word(tx, result.lane)?;
+    let prompt = prompt_version(tx, word(tx, result.prompt_id)?, result.prompt_hash)?;
+    let served = served_as(tx, result)?;
+    let output = result.output.map(|text| text_id(tx, text)).transpose()?;
+    tx.prepare_cached(
+        "INSERT INTO results (run_id, lane, prompt, sample, served, output, prompt_tokens,
+             completion_tokens, queue_ms, call_ms, error, at_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11,
+             (SELECT MAX(0, CAST(ROUND((julianday('now') - julianday(started_at)) * 86400000)
+                 AS INTEGER)) FROM runs WHERE id = ?1))",
+    )?
+    .execute(params![
+        run_id,
+        lane,
+        prompt,
+        result.sample,
+        served,
+        output,
+        result.prompt_tokens.map(|t| t as i64),
+        result.completion_tokens.map(|t| t as i64),
+        result.queue_ms as i64,
+        result.call_ms as i64,
+        result.error,
+    ])?;
+    Ok(())
+}
+
+/// The id of `word`, adding it the first time.
+fn word(tx: &Connection, word: &str) -> rusqlite::Result<i64> {
+    let found = tx
+        .prepare_cached("SELECT id FROM words WHERE word = ?1")?
+        .query_row([word], |row| row.get(0))
+        .optional()?;
+    match found {
+        Some(id) => Ok(id),
+        None => {
+            tx.prepare_cached("INSERT INTO words (word) VALUES (?1)")?
+                .execute([word])?;
+            Ok(tx.last_insert_rowid())
+        }
+    }
+}
+
+/// The id of a prompt at one version of its text.
+fn prompt_version(tx: &Connection, prompt: i64, hash: &str) -> rusqlite::Result<i64> {
+    let found = tx
+        .prepare_cached("SELECT id FROM prompt_versions WHERE prompt = ?1 AND hash = ?2")?
+        .query_row(params![prompt, hash], |row| row.get(0))
+        .optional()?;
+    match found {
+        Some(id) => Ok(id),
+        None => {
+            tx.prepare_cached("INSERT INTO prompt_versions (prompt, hash) VALUES (?1, ?2)")?
+                .execute(params![prompt, hash])?;
+            Ok(tx.last_insert_rowid())
+        }
+    }
+}
+
+/// The id of what a result reported besides its text: outcome, model, fingerprint, finish.
+fn served_as(tx: &Connection, result: &NewResult<'_>) -> rusqlite::Result<i64> {
+    let values = params![
+        result.outcome,
+        result.model,
+        result.fingerprint,
+        result.finish_reason
+    ];
+    let found = tx
+        .prepare_cached(
+            "SELECT id FROM served_as WHERE outcome = ?1 AND model IS ?2 AND fingerprint IS ?3
+                 AND finish_reason IS ?4",
+        )?
+        .query_row(values, |row| row.get(0))
+        .optional()?;
+    match found {
+        Some(id) => Ok(id),
+        None => {
+            tx.prepare_cached(
+                "INSERT INTO served_as (outcome, model, fingerprint, finish_reason)
+                 VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(values)?;
+            Ok(tx.last_insert_rowid())
+        }
+    }
+}
+
+/// The id of an output text, stored once by its SHA-256.
+fn text_id(tx: &Connection, text: &str) -> rusqlite::Result<i64> {
+    let hash = Sha256::digest(text.as_bytes()).to_vec();
+    let found = tx
+        .prepare_cached("SELECT id FROM texts WHERE hash = ?1")?
+        .query_row([&hash], |row| row.get(0))
+        .optional()?;
+    match found {
+        Some(id) => Ok(id),
+        None => {
+            tx.prepare_cached("INSERT INTO texts (hash, text) VALUES (?1, ?2)")?
+                .execute(params![hash, text])?;
+            Ok(tx.last_insert_rowid())
+        }
     }
 }
 
@@ -832,5 +1034,81 @@ mod tests {
         assert_eq!(store.mark_interrupted().unwrap(), vec![run]);
         assert_eq!(store.run(Some(run)).unwrap().status, "interrupted");
         assert!(store.mark_interrupted().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_version_2_store_keeps_every_result_and_verdict_through_the_compact_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(migrations::MIGRATIONS[0]).unwrap();
+            conn.execute_batch(migrations::MIGRATIONS[1]).unwrap();
+            conn.pragma_update(None, "user_version", 2).unwrap();
+            conn.execute_batch(
+                "INSERT INTO runs (id, started_at, status, prompt_set_hash, samples, lanes)
+                     VALUES (1, '2026-11-01T03:00:00.000Z', 'finished', 'set', 2, '[\"free\",\"paid\"]');
+                 INSERT INTO outputs VALUES
+                     ('bdff8c417ab50e95e95cce16035a3799c7e00104de4a7b3453f06728c620faf7', 'Paris.');
+                 INSERT INTO results (run_id, lane, prompt_id, prompt_hash, sample, outcome,
+                     output_hash, model, fingerprint, finish_reason, prompt_tokens,
+                     completion_tokens, queue_ms, call_ms, error, created_at) VALUES
+                   (1, 'free', 'capital', 'h1', 0, 'served',
+                    'bdff8c417ab50e95e95cce16035a3799c7e00104de4a7b3453f06728c620faf7',
+                    'm', NULL, 'stop', 3, 4, 1, 20, NULL, '2026-11-01T03:00:01.500Z'),
+                   (1, 'free', 'capital', 'h1', 1, 'timeout', NULL, NULL, NULL, NULL, NULL,
+                    NULL, 0, 30000, 'deadline passed', '2026-11-01T03:00:31.000Z'),
+                   (1, 'paid', 'capital', 'h1', 0, 'served',
+                    'bdff8c417ab50e95e95cce16035a3799c7e00104de4a7b3453f06728c620faf7',
+                    'm', 'fp', 'stop', 3, 4, 2, 25, NULL, '2026-11-01T03:00:02.000Z');
+                 INSERT INTO verdicts (run_id, lane, prompt_id, verdict, similarity, review,
+                     reasons, mode, p_value) VALUES
+                   (1, 'free', 'capital', 'drifted', 0.5, 0, '[\"one sample timed out\"]',
+                    'sampled', 0.004),
+                   (1, 'paid', 'capital', 'unchanged', 1.0, 0, '[]', 'exact', NULL);",
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.schema_version().unwrap(), KNOWN_VERSION);
+        let results = store.results(1).unwrap();
+        assert_eq!(results.len(), 3);
+        assert_eq!(
+            (results[0].lane.as_str(), results[0].prompt_hash.as_str()),
+            ("free", "h1")
+        );
+        assert_eq!(results[0].output.as_deref(), Some("Paris."));
+        assert_eq!(results[1].outcome, "timeout");
+        assert_eq!(results[1].error.as_deref(), Some("deadline passed"));
+        assert_eq!(results[1].output, None);
+        assert_eq!(results[2].fingerprint.as_deref(), Some("fp"));
+        assert_eq!(results[2].call_ms, 25);
+        let verdicts = store.verdicts(1).unwrap();
+        assert_eq!(
+            verdicts[0].reasons,
+            vec!["one sample timed out".to_string()]
+        );
+        assert_eq!(verdicts[0].mode.as_deref(), Some("sampled"));
+        assert_eq!(verdicts[0].p_value, Some(0.004));
+        assert_eq!(verdicts[1].verdict, "unchanged");
+        assert!(verdicts[1].reasons.is_empty());
+        assert_eq!(store.counts().unwrap(), (3, 1));
+        let at: Vec<i64> = store
+            .conn
+            .prepare("SELECT at_ms FROM results ORDER BY at_ms")
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(at, vec![1500, 2000, 31000]);
+        assert_eq!(store.integrity_check().unwrap(), "ok");
+        // A text stored before the migration is found again by its hash, not stored twice.
+        let mut store = store;
+        let run = store.begin_run("set", 1, &["free".into()]).unwrap();
+        store
+            .insert_result(run, &result("capital", 0, Some("Paris.")))
+            .unwrap();
+        assert_eq!(store.counts().unwrap(), (4, 1));
     }
 }

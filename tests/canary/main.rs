@@ -15,6 +15,7 @@ mod real_model;
 mod recipes;
 mod rendering;
 mod report_page;
+mod retention;
 mod review;
 mod router;
 mod sampled;
