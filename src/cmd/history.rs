@@ -21,8 +21,9 @@ pub fn run(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<i32> {
     let runs = store.runs(args.limit)?;
     let mut rows = Vec::new();
     for run in &runs {
-        let verdict_rows = store.verdicts(run.id)?;
-        let results = store.results(run.id)?;
+        // Only what the table shows: no output texts, one prompt's rows when asked for one.
+        let verdict_rows = store.verdicts_of(run.id, args.prompt.as_deref())?;
+        let results = store.results_of(run.id, args.prompt.as_deref(), false)?;
         let latency = report::latency(&results);
         let lane_verdicts = store.lane_verdicts(run.id)?;
         for lane in &run.lanes {

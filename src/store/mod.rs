@@ -512,10 +512,27 @@ impl Store {
 
     /// Every result of a run, in lane, prompt, sample order.
     pub fn results(&self, run_id: i64) -> Result<Vec<StoredResult>, StoreError> {
+        self.results_of(run_id, None, true)
+    }
+
+    /// The results of a run, of one prompt only when `prompt` is given; with `text` false the
+    /// output texts are not read (`output` is `None`), for readers that need only outcomes and
+    /// timings.
+    pub fn results_of(
+        &self,
+        run_id: i64,
+        prompt: Option<&str>,
+        text: bool,
+    ) -> Result<Vec<StoredResult>, StoreError> {
+        let (column, join) = if text {
+            ("t.text", "LEFT JOIN texts t ON t.id = r.output")
+        } else {
+            ("NULL", "")
+        };
         let mut stmt = self
             .conn
-            .prepare(
-                "SELECT r.run_id, l.word, p.word, pv.hash, r.sample, s.outcome, t.text, s.model,
+            .prepare_cached(&format!(
+                "SELECT r.run_id, l.word, p.word, pv.hash, r.sample, s.outcome, {column}, s.model,
                         s.fingerprint, s.finish_reason, r.completion_tokens, r.queue_ms,
                         r.call_ms, r.error
                  FROM results r
@@ -523,12 +540,13 @@ impl Store {
                  JOIN prompt_versions pv ON pv.id = r.prompt
                  JOIN words p ON p.id = pv.prompt
                  JOIN served_as s ON s.id = r.served
-                 LEFT JOIN texts t ON t.id = r.output
-                 WHERE r.run_id = ?1 ORDER BY l.word, p.word, r.sample",
-            )
+                 {join}
+                 WHERE r.run_id = ?1 AND (?2 IS NULL OR p.word = ?2)
+                 ORDER BY l.word, p.word, r.sample"
+            ))
             .map_err(|e| self.err(e))?;
         let rows = stmt
-            .query_map([run_id], |row| {
+            .query_map(params![run_id, prompt], |row| {
                 Ok(StoredResult {
                     run_id: row.get(0)?,
                     lane: row.get(1)?,
@@ -553,9 +571,18 @@ impl Store {
 
     /// The verdicts stored for a run.
     pub fn verdicts(&self, run_id: i64) -> Result<Vec<VerdictRow>, StoreError> {
+        self.verdicts_of(run_id, None)
+    }
+
+    /// The verdicts stored for a run, of one prompt only when `prompt` is given.
+    pub fn verdicts_of(
+        &self,
+        run_id: i64,
+        prompt: Option<&str>,
+    ) -> Result<Vec<VerdictRow>, StoreError> {
         let mut stmt = self
             .conn
-            .prepare(
+            .prepare_cached(
                 "SELECT l.word, p.word, w.word, v.similarity, v.review, v.reasons, m.word,
                         v.p_value
                  FROM verdicts v
@@ -563,11 +590,12 @@ impl Store {
                  JOIN words p ON p.id = v.prompt
                  JOIN words w ON w.id = v.verdict
                  LEFT JOIN words m ON m.id = v.mode
-                 WHERE v.run_id = ?1 ORDER BY l.word, p.word",
+                 WHERE v.run_id = ?1 AND (?2 IS NULL OR p.word = ?2)
+                 ORDER BY l.word, p.word",
             )
             .map_err(|e| self.err(e))?;
         let rows = stmt
-            .query_map([run_id], |row| {
+            .query_map(params![run_id, prompt], |row| {
                 let reasons: Option<String> = row.get(5)?;
                 Ok(VerdictRow {
                     lane: row.get(0)?,
@@ -799,6 +827,11 @@ impl Store {
             .map_err(sql)? as i64;
         tx.execute_batch("DROP TABLE temp.doomed").map_err(sql)?;
         tx.commit().map_err(sql)?;
+        // Fold the log back into the file, so the freed pages show as free space in it rather
+        // than as a log as large as what was removed.
+        self.conn
+            .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
+            .map_err(|e| self.err(e))?;
         Ok(pruned)
     }
 
