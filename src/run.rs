@@ -18,7 +18,8 @@ use crate::metrics::LaneStatus;
 use crate::prompts::{Prompt, PromptSet};
 use crate::router::{Attempt, Router};
 use crate::snapshot::Snapshot;
-use crate::store::{NewResult, Store, StoreError};
+use crate::store::writer::{GroupWriter, OwnedResult};
+use crate::store::{Store, StoreError};
 use crate::verdict::{Mode, Verdict, mode_of};
 
 /// What a run will do.
@@ -336,61 +337,76 @@ pub async fn execute(
     drop(sender);
 
     let sending = futures_util::future::join_all(workers);
-    let committing = async {
-        let mut stored = 0;
+    // The workers never wait for the disk: a thread of its own commits, in groups.
+    let writer = GroupWriter::start(store.path(), run_id)?;
+    let handing_over = async {
+        let mut handed = 0;
         while let Some(done) = receiver.recv().await {
-            commit(store, run_id, &done)?;
-            stored += 1;
-            progress.inc(1);
-            let outcome = done
-                .attempt
-                .as_ref()
-                .map_or("error", |a| a.outcome.as_str());
-            let call_ms = done.attempt.as_ref().map_or(0, |a| a.call_ms);
             let line = format!(
-                "{}/{} #{}: {outcome} in {call_ms} ms",
-                done.lane, done.prompt.id, done.sample
+                "{}/{} #{}: {} in {} ms",
+                done.lane,
+                done.prompt.id,
+                done.sample,
+                done.attempt
+                    .as_ref()
+                    .map_or("error", |a| a.outcome.as_str()),
+                done.attempt.as_ref().map_or(0, |a| a.call_ms)
             );
+            if !writer.send(owned(done)) {
+                break; // the writer stopped on an error; `finish` says which
+            }
+            handed += 1;
+            progress.inc(1);
             if progress.is_hidden() {
                 // Under cron this would be a line per answer in someone's inbox every night:
                 // the summary says what matters, and -v shows each result.
-                tracing::debug!("run {run_id}: {line} ({stored}/{total})");
+                tracing::debug!("run {run_id}: {line} ({handed}/{total})");
             } else {
                 progress.set_message(line);
             }
         }
-        Ok::<usize, StoreError>(stored)
     };
-    let (_, stored) = tokio::join!(sending, committing);
+    tokio::join!(sending, handing_over);
+    let stored = writer.finish();
     progress.finish_and_clear();
     stored
 }
 
-fn commit(store: &mut Store, run_id: i64, done: &Finished<'_>) -> Result<(), StoreError> {
+fn owned(done: Finished<'_>) -> OwnedResult {
     let attempt = done.attempt.as_ref();
-    let completion = done.completion.as_ref();
-    let outcome = attempt.map_or("error", |a| a.outcome.as_str());
-    store.insert_result(
-        run_id,
-        &NewResult {
-            lane: done.lane,
-            prompt_id: &done.prompt.id,
-            prompt_hash: &done.prompt.hash,
-            sample: i64::from(done.sample),
-            outcome,
-            output: completion.map(|c| c.text.as_str()),
-            model: completion.and_then(|c| c.model.as_deref()),
-            fingerprint: completion.and_then(|c| c.fingerprint.as_deref()),
-            finish_reason: completion.and_then(|c| c.finish_reason.as_deref()),
-            prompt_tokens: completion.and_then(|c| c.usage.prompt_tokens),
-            completion_tokens: completion.and_then(|c| c.usage.completion_tokens),
-            queue_ms: attempt.map_or(0, |a| a.queue_ms),
-            call_ms: attempt.map_or(0, |a| a.call_ms),
-            error: attempt
-                .and_then(|a| a.detail.as_deref())
-                .filter(|_| completion.is_none()),
-        },
-    )
+    let completion = done.completion;
+    let error = match &completion {
+        None => attempt.and_then(|a| a.detail.clone()),
+        Some(_) => None,
+    };
+    let (output, model, fingerprint, finish_reason, prompt_tokens, completion_tokens) =
+        match completion {
+            Some(c) => (
+                Some(c.text),
+                c.model,
+                c.fingerprint,
+                c.finish_reason,
+                c.usage.prompt_tokens,
+                c.usage.completion_tokens,
+            ),
+            None => (None, None, None, None, None, None),
+        };
+    OwnedResult {
+        lane: done.lane.to_string(),
+        prompt_id: done.prompt.id.clone(),
+        prompt_hash: done.prompt.hash.clone(),
+        sample: i64::from(done.sample),
+        outcome: attempt.map_or("error", |a| a.outcome.as_str()).to_string(),
+        output,
+        model,
+        fingerprint,
+        finish_reason,
+        prompt_tokens,
+        completion_tokens,
+        queue_ms: attempt.map_or(0, |a| a.queue_ms),
+        call_ms: attempt.map_or(0, |a| a.call_ms),
+        error,
+    }
 }
 
 /// A progress bar on a terminal; hidden under cron, where `-v` logs each result instead.

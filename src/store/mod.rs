@@ -1,11 +1,13 @@
 //! The SQLite store: runs, every result as it arrives, verdicts and alerts.
 //!
-//! WAL mode with full sync: each result is its own committed transaction the moment it arrives,
-//! so a run killed at any instant leaves a consistent store holding every finished result.
+//! WAL mode with full sync: results are committed as they arrive (in groups, by
+//! [`writer::GroupWriter`], so a slow disk never holds up the requests), and a run killed at any
+//! instant leaves a consistent store holding every result committed up to then.
 //! Output texts are content-addressed, stored once however many runs repeat them.
 
 pub mod lock;
 mod migrations;
+pub mod writer;
 
 use std::path::{Path, PathBuf};
 
@@ -41,6 +43,12 @@ pub enum StoreError {
     Folder {
         /// The store file.
         path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The committing thread could not be started.
+    #[error("cannot start the thread that commits results: {source}")]
+    Thread {
         /// Why.
         source: std::io::Error,
     },
