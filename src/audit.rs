@@ -70,7 +70,9 @@ impl AuditLog {
     /// Appends one line. The line is written with a single `write_all` so concurrent jobs never
     /// interleave inside a line.
     pub fn record(&self, entry: &AuditEntry<'_>) -> std::io::Result<()> {
-        let mut line = serde_json::to_vec(entry)?;
+        // Sized for a typical line, so it is not grown several times on every job.
+        let mut line = Vec::with_capacity(512);
+        serde_json::to_writer(&mut line, entry)?;
         line.push(b'\n');
         let mut file = self
             .file

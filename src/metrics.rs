@@ -140,10 +140,69 @@ impl Exposed {
     }
 }
 
+/// The series recorded so far, by lane. `record` runs on every attempt, so each series keeps its
+/// own handles into the Prometheus families: recording then neither allocates labels nor hashes
+/// them (a cloned handle shares the family's series).
 #[derive(Default)]
 struct Inner {
-    calls: BTreeMap<(String, Outcome), Distribution>,
-    queue: BTreeMap<String, Distribution>,
+    lanes: BTreeMap<String, LaneSeries>,
+}
+
+/// One lane's series.
+#[derive(Default)]
+struct LaneSeries {
+    calls: BTreeMap<Outcome, CallSeries>,
+    queue: Option<QueueSeries>,
+}
+
+/// Attempts of one lane with one outcome.
+struct CallSeries {
+    distribution: Distribution,
+    seconds: PromHistogram,
+    attempts: Counter,
+}
+
+impl CallSeries {
+    fn new(exposed: &Exposed, lane: &str, outcome: Outcome) -> CallSeries {
+        let labels = LaneOutcome {
+            lane: lane.to_string(),
+            outcome: outcome.to_string(),
+        };
+        CallSeries {
+            distribution: Distribution::new(),
+            seconds: exposed.calls.get_or_create(&labels).clone(),
+            attempts: exposed.attempts.get_or_create(&labels).clone(),
+        }
+    }
+
+    fn record(&mut self, call: Duration) {
+        self.distribution.record(call);
+        self.seconds.observe(call.as_secs_f64());
+        self.attempts.inc();
+    }
+}
+
+/// Queue waits of one lane.
+struct QueueSeries {
+    distribution: Distribution,
+    seconds: PromHistogram,
+}
+
+impl QueueSeries {
+    fn new(exposed: &Exposed, lane: &str) -> QueueSeries {
+        let labels = LaneLabel {
+            lane: lane.to_string(),
+        };
+        QueueSeries {
+            distribution: Distribution::new(),
+            seconds: exposed.queue.get_or_create(&labels).clone(),
+        }
+    }
+
+    fn record(&mut self, queue: Duration) {
+        self.distribution.record(queue);
+        self.seconds.observe(queue.as_secs_f64());
+    }
 }
 
 /// One lane's figures, for the printed summary.
@@ -184,34 +243,23 @@ impl Metrics {
     /// turned away before the queue, so refusals do not drag queue percentiles to zero) and the
     /// call time.
     pub fn record(&self, lane: &str, outcome: Outcome, queue: Option<Duration>, call: Duration) {
-        let labels = LaneOutcome {
-            lane: lane.to_string(),
-            outcome: outcome.to_string(),
-        };
-        self.exposed
-            .calls
-            .get_or_create(&labels)
-            .observe(call.as_secs_f64());
-        self.exposed.attempts.get_or_create(&labels).inc();
-        if let Some(queue) = queue {
-            self.exposed
-                .queue
-                .get_or_create(&LaneLabel {
-                    lane: lane.to_string(),
-                })
-                .observe(queue.as_secs_f64());
-        }
         let mut inner = self.lock();
-        inner
+        // Looked up by `&str`: the lane's name is copied only the first time it records.
+        if !inner.lanes.contains_key(lane) {
+            inner.lanes.insert(lane.to_string(), LaneSeries::default());
+        }
+        let Some(series) = inner.lanes.get_mut(lane) else {
+            return;
+        };
+        series
             .calls
-            .entry((lane.to_string(), outcome))
-            .or_insert_with(Distribution::new)
+            .entry(outcome)
+            .or_insert_with(|| CallSeries::new(&self.exposed, lane, outcome))
             .record(call);
         if let Some(queue) = queue {
-            inner
+            series
                 .queue
-                .entry(lane.to_string())
-                .or_insert_with(Distribution::new)
+                .get_or_insert_with(|| QueueSeries::new(&self.exposed, lane))
                 .record(queue);
         }
     }
@@ -228,20 +276,26 @@ impl Metrics {
                 )
             })
         };
-        let mut lanes: BTreeMap<String, LaneSummary> = BTreeMap::new();
-        for ((lane, outcome), dist) in &inner.calls {
-            let summary = lanes.entry(lane.clone()).or_insert_with(|| LaneSummary {
+        inner
+            .lanes
+            .iter()
+            .map(|(lane, series)| LaneSummary {
                 lane: lane.clone(),
-                outcomes: BTreeMap::new(),
-                served_ms: None,
-                queue_ms: inner.queue.get(lane).and_then(spread),
-            });
-            summary.outcomes.insert(*outcome, dist.histogram.len());
-            if *outcome == Outcome::Served {
-                summary.served_ms = spread(dist);
-            }
-        }
-        lanes.into_values().collect()
+                outcomes: series
+                    .calls
+                    .iter()
+                    .map(|(outcome, calls)| (*outcome, calls.distribution.histogram.len()))
+                    .collect(),
+                served_ms: series
+                    .calls
+                    .get(&Outcome::Served)
+                    .and_then(|calls| spread(&calls.distribution)),
+                queue_ms: series
+                    .queue
+                    .as_ref()
+                    .and_then(|queue| spread(&queue.distribution)),
+            })
+            .collect()
     }
 
     /// A registry of every router metric, with each lane's current status; callers add their

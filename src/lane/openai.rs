@@ -102,7 +102,6 @@ impl OpenAiLane {
         &self,
         url: &str,
         body: Option<Value>,
-        deadline: Deadline,
     ) -> Result<(u16, HeaderMap, Vec<u8>), LaneFailure> {
         if let Some(why) = &self.missing_key {
             return Err(LaneFailure::Misconfigured(why.clone()));
@@ -111,16 +110,18 @@ impl OpenAiLane {
             Some(body) => self.client.post(url).json(&body),
             None => self.client.get(url),
         };
-        // The router bounds the whole attempt too; this makes the client give up at the same
-        // instant rather than leave a half-read connection to the pool.
-        let response = request
+        // No client timeout: the router bounds the whole attempt by its deadline and drops this
+        // future when it passes, which cancels the request and closes its connection (hyper
+        // never pools a connection whose response was not read to the end). A second timer at
+        // the same instant would only cost every call a timer-wheel insert and, on an idle
+        // runtime, a wake-up of the I/O driver.
+        let mut response = request
             .headers(self.headers.clone())
-            .timeout(deadline.remaining())
             .send()
             .await
             .map_err(transport_failure)?;
         let status = response.status().as_u16();
-        let headers = response.headers().clone();
+        let headers = std::mem::take(response.headers_mut());
         let body = read_limited(response, self.max_response_bytes).await?;
         Ok((status, headers, body))
     }
@@ -134,19 +135,18 @@ impl Lane for OpenAiLane {
     fn complete<'a>(
         &'a self,
         request: &'a ChatRequest,
-        deadline: Deadline,
+        _deadline: Deadline,
     ) -> BoxFuture<'a, Result<Answer, LaneFailure>> {
         Box::pin(async move {
-            let (status, headers, body) = self
-                .send(&self.endpoint, Some(self.body(request)), deadline)
-                .await?;
+            let (status, headers, body) =
+                self.send(&self.endpoint, Some(self.body(request))).await?;
             interpret(status, &headers, &body, SystemTime::now()).map_err(|f| self.scrub(f))
         })
     }
 
-    fn probe(&self, deadline: Deadline) -> BoxFuture<'_, Result<String, LaneFailure>> {
+    fn probe(&self, _deadline: Deadline) -> BoxFuture<'_, Result<String, LaneFailure>> {
         Box::pin(async move {
-            let (status, headers, body) = self.send(&self.models_endpoint, None, deadline).await?;
+            let (status, headers, body) = self.send(&self.models_endpoint, None).await?;
             if (200..300).contains(&status) {
                 let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
                 let models: Vec<&str> = value["data"]
@@ -220,30 +220,44 @@ pub fn interpret(
     if !(200..300).contains(&status) {
         return Err(status_failure(status, headers, body, now));
     }
-    let value: Value = serde_json::from_slice(body)
+    let mut value: Value = serde_json::from_slice(body)
         .map_err(|err| LaneFailure::BadBody(format!("HTTP {status} body is not JSON ({err})")))?;
     if let Some(error) = value.get("error").filter(|e| !e.is_null()) {
         return Err(error_object_failure(status, error, headers, now));
     }
-    let choice = value["choices"]
-        .get(0)
-        .ok_or_else(|| LaneFailure::BadBody("no choices in the response".into()))?;
-    let text = choice["message"]["content"]
-        .as_str()
-        .or_else(|| choice["text"].as_str())
-        .ok_or_else(|| LaneFailure::BadBody("the first choice has no text content".into()))?;
+    let model = value["model"].as_str().map(str::to_string);
+    let fingerprint = value["system_fingerprint"].as_str().map(str::to_string);
     let count = |key: &str| value["usage"][key].as_u64();
+    let usage = Usage {
+        prompt_tokens: count("prompt_tokens"),
+        completion_tokens: count("completion_tokens"),
+        total_tokens: count("total_tokens"),
+    };
+    let choice = value
+        .get_mut("choices")
+        .and_then(|choices| choices.get_mut(0))
+        .ok_or_else(|| LaneFailure::BadBody("no choices in the response".into()))?;
+    let finish_reason = choice["finish_reason"].as_str().map(str::to_string);
+    // Taken out of the parsed body rather than copied: an answer may be as large as
+    // `max_response_bytes`, and a copy would hold it in memory a third time.
+    let text = take_string(choice, "/message/content")
+        .or_else(|| take_string(choice, "/text"))
+        .ok_or_else(|| LaneFailure::BadBody("the first choice has no text content".into()))?;
     Ok(Answer {
-        text: text.to_string(),
-        model: value["model"].as_str().map(str::to_string),
-        fingerprint: value["system_fingerprint"].as_str().map(str::to_string),
-        finish_reason: choice["finish_reason"].as_str().map(str::to_string),
-        usage: Usage {
-            prompt_tokens: count("prompt_tokens"),
-            completion_tokens: count("completion_tokens"),
-            total_tokens: count("total_tokens"),
-        },
+        text,
+        model,
+        fingerprint,
+        finish_reason,
+        usage,
     })
+}
+
+/// Moves the string at `pointer` out of `value`, if there is one.
+fn take_string(value: &mut Value, pointer: &str) -> Option<String> {
+    match value.pointer_mut(pointer)? {
+        Value::String(text) => Some(std::mem::take(text)),
+        _ => None,
+    }
 }
 
 fn status_failure(status: u16, headers: &HeaderMap, body: &[u8], now: SystemTime) -> LaneFailure {
@@ -381,6 +395,27 @@ mod tests {
         assert_eq!(answer.fingerprint.as_deref(), Some("b0-unknown"));
         assert_eq!(answer.finish_reason.as_deref(), Some("stop"));
         assert_eq!(answer.usage.total_tokens, Some(50));
+    }
+
+    #[test]
+    fn a_completions_style_text_is_the_answer_when_there_is_no_message() {
+        let body = br#"{"model":"m","choices":[{"text":"plain","finish_reason":"stop"}]}"#;
+        let answer = interpret(200, &HeaderMap::new(), body, SystemTime::now()).unwrap();
+        assert_eq!(answer.text, "plain");
+        assert_eq!(answer.finish_reason.as_deref(), Some("stop"));
+    }
+
+    #[test]
+    fn choices_of_the_wrong_shape_are_a_bad_body() {
+        for body in [
+            &br#"{"choices":"none"}"#[..],
+            br#"{"choices":[42]}"#,
+            br#"{"choices":[{"message":"hi"}]}"#,
+            br#"{"choices":[{"message":{"content":7}}]}"#,
+        ] {
+            let failure = interpret(200, &HeaderMap::new(), body, SystemTime::now()).unwrap_err();
+            assert!(matches!(failure, LaneFailure::BadBody(_)), "{failure:?}");
+        }
     }
 
     #[test]

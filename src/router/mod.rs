@@ -253,7 +253,7 @@ impl Router {
             router: self,
             request,
             pinned,
-            job_id: uuid::Uuid::new_v4().simple().to_string(),
+            job_id: new_job_id(),
             started: Instant::now(),
             attempts: Vec::with_capacity(order.len()),
             in_flight: None,
@@ -673,6 +673,16 @@ impl Drop for ProbeGuard<'_> {
             lock(&self.slot.health).breaker.release_probe(probe);
         }
     }
+}
+
+/// A random (version 4) UUID naming one job. A job id only has to be unique, so it comes from
+/// the process's fast generator: `Uuid::new_v4` asks the kernel for randomness, a system call on
+/// every job.
+fn new_job_id() -> String {
+    uuid::Builder::from_random_bytes(fastrand::u128(..).to_le_bytes())
+        .into_uuid()
+        .simple()
+        .to_string()
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
