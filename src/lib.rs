@@ -33,3 +33,15 @@ pub mod schedule;
 pub mod snapshot;
 pub mod store;
 pub mod verdict;
+
+/// The async runtime canary runs on: one thread.
+///
+/// `canary run` polls every job of a run in one task, and the disk writes have a thread of their
+/// own, so more threads buy nothing; on one thread each job's deadline timer fires on time (p99
+/// overshoot 4–7 ms against a hung server, 100 jobs at once, where the multi-threaded runtime
+/// reached 14–18 ms: `scripts/bench --only deadline`).
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}

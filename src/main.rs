@@ -7,7 +7,7 @@ use canary::cli::{Cli, ColorChoice};
 fn main() {
     let cli = Cli::parse();
     init_logging(cli.verbose, cli.quiet, cli.color);
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match canary::runtime() {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("error: cannot start the async runtime: {err}");

@@ -61,7 +61,7 @@ struct Measured {
 pub fn main(smoke: bool) -> anyhow::Result<()> {
     let jobs = if smoke { 50 } else { 1_000 };
     // The runtime `canary` itself builds.
-    let runtime = tokio::runtime::Runtime::new().context("start the runtime")?;
+    let runtime = canary::runtime().context("start the runtime")?;
     runtime.block_on(run(jobs))
 }
 

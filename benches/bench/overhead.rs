@@ -53,9 +53,9 @@ pub fn main(smoke: bool) -> anyhow::Result<()> {
             warmup: 500,
         }
     };
-    // The runtime `canary` itself builds (one worker per core); the jobs run inside `block_on`
-    // as `canary run`'s workers do.
-    let runtime = tokio::runtime::Runtime::new().context("start the runtime")?;
+    // The runtime `canary` itself builds; the jobs run inside `block_on` as `canary run`'s
+    // workers do.
+    let runtime = canary::runtime().context("start the runtime")?;
     let addr = start_instant_server().context("start the loopback server")?;
     runtime.block_on(measure(addr, &size))
 }
