@@ -13,7 +13,8 @@ use crate::verdict::Verdict;
 /// Served call latency per lane: (p50, p95) in ms, nearest rank.
 pub fn latency(results: &[StoredResult]) -> BTreeMap<String, (i64, i64)> {
     let mut per_lane: BTreeMap<String, Vec<i64>> = BTreeMap::new();
-    for result in results.iter().filter(|r| r.output.is_some()) {
+    // Served calls only; the texts themselves may not have been read.
+    for result in results.iter().filter(|r| r.outcome == "served") {
         per_lane
             .entry(result.lane.clone())
             .or_default()

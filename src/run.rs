@@ -353,7 +353,10 @@ pub async fn execute(
                 done.attempt.as_ref().map_or(0, |a| a.call_ms)
             );
             if !writer.send(owned(done)) {
-                break; // the writer stopped on an error; `finish` says which
+                // The writer stopped on an error (`finish` says which): stop the workers too
+                // rather than make calls whose results cannot be kept.
+                receiver.close();
+                break;
             }
             handed += 1;
             progress.inc(1);

@@ -114,8 +114,11 @@ pub fn prune(
             config.snapshots.display()
         )
     })?;
-    let cutoff =
-        chrono::Utc::now() - chrono::Duration::from_std(keep).context("--keep is too long")?;
+    // A keep reaching before the calendar begins keeps everything.
+    let cutoff = chrono::Duration::from_std(keep)
+        .ok()
+        .and_then(|keep| chrono::Utc::now().checked_sub_signed(keep))
+        .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
     let cutoff = cutoff.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let before = store.disk_bytes();
     let pruned = store.prune(&cutoff, &baseline_runs, dry_run)?;

@@ -29,6 +29,13 @@ pub enum LockError {
     },
 }
 
+/// The process id in a holder's description (`pid 4242 since ...`, `run 7 (pid 4242)`).
+pub fn holder_pid(holder: &str) -> Option<u32> {
+    let rest = &holder[holder.find("pid ")? + 4..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
 /// A held run lock; released on drop.
 #[derive(Debug)]
 pub struct RunLock {

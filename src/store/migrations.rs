@@ -129,7 +129,9 @@ pub const MIGRATIONS: &[&str] = &[
         prompt             INTEGER NOT NULL REFERENCES prompt_versions(id),
         sample             INTEGER NOT NULL,
         served             INTEGER NOT NULL REFERENCES served_as(id),
-        output             INTEGER REFERENCES texts(id),
+        -- No foreign key: texts are removed only by a prune, and only those no result refers
+        -- to; a key would make that delete scan every result once per text.
+        output             INTEGER,
         prompt_tokens      INTEGER,
         completion_tokens  INTEGER,
         queue_ms           INTEGER NOT NULL,
@@ -163,7 +165,7 @@ pub const MIGRATIONS: &[&str] = &[
     INSERT INTO results_v3
         SELECT r.run_id, l.id, pv.id, r.sample, s.id, t.id, r.prompt_tokens, r.completion_tokens,
                r.queue_ms, r.call_ms, r.error,
-               MAX(0, CAST(ROUND((julianday(r.created_at) - julianday(runs.started_at)) * 86400000) AS INTEGER))
+               COALESCE(MAX(0, CAST(ROUND((julianday(r.created_at) - julianday(runs.started_at)) * 86400000) AS INTEGER)), 0)
         FROM results r
         JOIN runs ON runs.id = r.run_id
         JOIN words l ON l.word = r.lane

@@ -11,7 +11,7 @@ pub mod writer;
 
 use std::path::{Path, PathBuf};
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use sha2::{Digest, Sha256};
 
@@ -45,6 +45,16 @@ pub enum StoreError {
         path: PathBuf,
         /// Why.
         source: std::io::Error,
+    },
+    /// The store needs a newer schema, but a run holds it.
+    #[error(
+        "store {path} must be migrated to this canary's schema, but a run is using it ({holder}); try again when it has finished"
+    )]
+    MigrationWaits {
+        /// The store file.
+        path: PathBuf,
+        /// Who holds the run lock.
+        holder: String,
     },
     /// The committing thread could not be started.
     #[error("cannot start the thread that commits results: {source}")]
@@ -306,25 +316,54 @@ impl Store {
                 known: KNOWN_VERSION,
             });
         }
+        if version == KNOWN_VERSION {
+            return Ok(());
+        }
+        // A store in use by a run of an older canary must not change shape under it: migrate
+        // only holding the run lock, or when this process is the one holding it.
+        let _lock = if version > 0 {
+            match lock::RunLock::acquire(&self.path) {
+                Ok(lock) => Some(lock),
+                Err(lock::LockError::Held { holder, .. })
+                    if lock::holder_pid(&holder) == Some(std::process::id()) =>
+                {
+                    None
+                }
+                Err(lock::LockError::Held { holder, .. }) => {
+                    return Err(StoreError::MigrationWaits {
+                        path: self.path.clone(),
+                        holder,
+                    });
+                }
+                Err(lock::LockError::Io { .. }) => None,
+            }
+        } else {
+            None
+        };
+        let path = self.path.clone();
+        let sql = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        // Immediate, and the version read again inside: two canaries opening the same old
+        // store migrate it once.
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql)?;
+        let version: i64 = tx
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .map_err(sql)?;
         for (index, migration) in migrations::MIGRATIONS
             .iter()
             .enumerate()
             .skip(version as usize)
         {
-            let path = self.path.clone();
-            let tx = self
-                .conn
-                .transaction()
-                .map_err(|source| StoreError::Sqlite {
-                    path: path.clone(),
-                    source,
-                })?;
             tx.execute_batch(migration)
                 .and_then(|()| tx.pragma_update(None, "user_version", index as i64 + 1))
-                .and_then(|()| tx.commit())
-                .map_err(|source| StoreError::Sqlite { path, source })?;
+                .map_err(sql)?;
         }
-        Ok(())
+        tx.commit().map_err(sql)
     }
 
     /// Schema version of the store.
@@ -388,7 +427,12 @@ impl Store {
             path: path.clone(),
             source,
         };
-        let tx = self.conn.transaction().map_err(sql)?;
+        // Immediate: the write lock is taken before the first read, so another connection's
+        // commit in between cannot turn this into a busy error that no timeout retries.
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql)?;
         for result in results {
             insert_result(&tx, run_id, result).map_err(sql)?;
         }
@@ -793,7 +837,8 @@ impl Store {
                AND id NOT IN (SELECT value FROM json_each(?2))
                AND id < (SELECT MAX(id) FROM runs)
                AND id NOT IN (SELECT run_id FROM alerts WHERE status = 'pending')
-               AND id NOT IN (SELECT MAX(id) FROM alerts GROUP BY lane)",
+               AND id NOT IN (SELECT run_id FROM alerts
+                              WHERE id IN (SELECT MAX(id) FROM alerts GROUP BY lane))",
             params![cutoff, serde_json::to_string(keep).unwrap_or_default()],
         )
         .map_err(sql)?;
@@ -836,10 +881,11 @@ impl Store {
         tx.execute_batch("DROP TABLE temp.doomed").map_err(sql)?;
         tx.commit().map_err(sql)?;
         // Fold the log back into the file, so the freed pages show as free space in it rather
-        // than as a log as large as what was removed.
-        self.conn
-            .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
-            .map_err(|e| self.err(e))?;
+        // than as a log as large as what was removed. The prune is committed either way: a
+        // reader holding the log open only postpones this to SQLite's next checkpoint.
+        if let Err(err) = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);") {
+            tracing::debug!("checkpoint after prune postponed: {err}");
+        }
         Ok(pruned)
     }
 
@@ -1151,5 +1197,63 @@ mod tests {
             .insert_result(run, &result("capital", 0, Some("Paris.")))
             .unwrap();
         assert_eq!(store.counts().unwrap(), (4, 1));
+    }
+
+    #[test]
+    fn prune_keeps_baseline_runs_pending_alerts_each_lanes_latest_alert_and_the_newest_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("c.db")).unwrap();
+        let lanes = ["free".to_string(), "paid".to_string()];
+        for _ in 1..=6 {
+            let run = store.begin_run("set", 1, &lanes).unwrap();
+            store
+                .insert_result(run, &result("a", 0, Some(&format!("answer {run}"))))
+                .unwrap();
+            store.finish_run(run, &[], &[], 0).unwrap();
+        }
+        let alert = |run_id, lane| NewAlert {
+            run_id,
+            lane,
+            kind: "drift",
+            signature: "s",
+            channel: "email",
+            subject: "s",
+            body_text: "b",
+            body_html: "b",
+        };
+        // Alert ids (1, 2, 3) differ from their runs (3, 5, 2) on purpose.
+        let first = store.insert_alert(&alert(3, "free")).unwrap();
+        store.record_delivery(first, None).unwrap();
+        let latest = store.insert_alert(&alert(5, "free")).unwrap();
+        store.record_delivery(latest, None).unwrap();
+        store.insert_alert(&alert(2, "paid")).unwrap(); // never delivered
+        let pruned = store
+            .prune("9999-01-01T00:00:00.000Z", &[1], false)
+            .unwrap();
+        assert_eq!(
+            pruned,
+            Pruned {
+                runs: 2,
+                results: 2,
+                texts: 2
+            }
+        );
+        let mut kept: Vec<i64> = store.runs(10).unwrap().iter().map(|r| r.id).collect();
+        kept.sort_unstable();
+        assert_eq!(kept, vec![1, 2, 5, 6]);
+        assert_eq!(store.last_alert("free").unwrap().unwrap().id, latest);
+        assert_eq!(store.pending_alerts().unwrap().len(), 1);
+        assert_eq!(store.counts().unwrap(), (4, 4));
+        assert_eq!(store.integrity_check().unwrap(), "ok");
+    }
+
+    #[test]
+    fn a_lock_holders_pid_is_read_from_its_description() {
+        assert_eq!(
+            lock::holder_pid("pid 4242 since 2026-11-30T03:00:00Z"),
+            Some(4242)
+        );
+        assert_eq!(lock::holder_pid("run 7 (pid 12)"), Some(12));
+        assert_eq!(lock::holder_pid("a run that is starting"), None);
     }
 }

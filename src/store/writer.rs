@@ -89,9 +89,11 @@ impl GroupWriter {
                 while let Ok(first) = receiver.recv() {
                     let mut group = vec![first];
                     group.extend(receiver.try_iter().take(MAX_GROUP - 1));
-                    let rows: Vec<NewResult<'_>> = group.iter().map(OwnedResult::as_new).collect();
-                    store.insert_results(run_id, &rows)?;
-                    stored += group.len();
+                    let (committed, failed) = commit_group(&mut store, run_id, &group);
+                    stored += committed;
+                    if let Some(err) = failed {
+                        return Err(err);
+                    }
                 }
                 Ok(stored)
             })
@@ -119,6 +121,30 @@ impl GroupWriter {
             None => Ok(0),
         }
     }
+}
+
+/// Commits `group` in one transaction; if that fails, one by one, so one bad result does not
+/// take the others with it. Returns how many were committed and the first error.
+fn commit_group(
+    store: &mut Store,
+    run_id: i64,
+    group: &[OwnedResult],
+) -> (usize, Option<StoreError>) {
+    let rows: Vec<NewResult<'_>> = group.iter().map(OwnedResult::as_new).collect();
+    if store.insert_results(run_id, &rows).is_ok() {
+        return (rows.len(), None);
+    }
+    let mut committed = 0;
+    let mut failed = None;
+    for row in &rows {
+        match store.insert_result(run_id, row) {
+            Ok(()) => committed += 1,
+            Err(err) => {
+                failed.get_or_insert(err);
+            }
+        }
+    }
+    (committed, failed)
 }
 
 impl Drop for GroupWriter {
@@ -197,5 +223,18 @@ mod tests {
         writer.send(result(1));
         let err = writer.finish().unwrap_err().to_string();
         assert!(err.contains("UNIQUE"), "{err}");
+        assert_eq!(store.counts().unwrap().0, 1);
+    }
+
+    #[test]
+    fn one_bad_result_does_not_take_its_group_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.db");
+        let mut store = Store::open(&path).unwrap();
+        let run = store.begin_run("set", 1, &["free".into()]).unwrap();
+        let (committed, failed) = commit_group(&mut store, run, &[result(1), result(1), result(2)]);
+        assert_eq!(committed, 2);
+        assert!(failed.unwrap().to_string().contains("UNIQUE"));
+        assert_eq!(store.counts().unwrap().0, 2);
     }
 }

@@ -105,6 +105,15 @@ async fn old_runs_are_pruned_but_the_baselines_source_run_and_the_newest_stay() 
         .collect();
     assert_eq!(shown, vec!["4", "1"]);
 
+    // History still shows each run's latency, read without the answer texts.
+    let json = canary(&project, &["history", "--format", "json"]).await;
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert!(
+        json["runs"][0]["latency_p50_ms"].is_i64(),
+        "{}",
+        json["runs"][0]
+    );
+
     let again = canary(&project, &["prune", "--vacuum"]).await;
     assert!(
         text(&again.stdout).starts_with("removed 0 runs"),
