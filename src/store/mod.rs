@@ -340,11 +340,7 @@ impl Store {
         } else {
             None
         };
-        let path = self.path.clone();
-        let sql = |source| StoreError::Sqlite {
-            path: path.clone(),
-            source,
-        };
+        let sql = sqlite_error(&self.path);
         // Immediate, and the version read again inside: two canaries opening the same old
         // store migrate it once.
         let tx = self
@@ -415,18 +411,14 @@ impl Store {
         self.insert_results(run_id, std::slice::from_ref(result))
     }
 
-    /// Commits results in one transaction: all of them or none. `run` commits each result on its
-    /// own as it arrives; bulk writers (history generators, copies) batch them.
+    /// Commits results in one transaction: all of them or none (`run` commits through
+    /// [`writer::GroupWriter`], which groups what arrives together).
     pub fn insert_results(
         &mut self,
         run_id: i64,
         results: &[NewResult<'_>],
     ) -> Result<(), StoreError> {
-        let path = self.path.clone();
-        let sql = |source| StoreError::Sqlite {
-            path: path.clone(),
-            source,
-        };
+        let sql = sqlite_error(&self.path);
         // Immediate: the write lock is taken before the first read, so another connection's
         // commit in between cannot turn this into a busy error that no timeout retries.
         let tx = self
@@ -447,11 +439,7 @@ impl Store {
         lanes: &[LaneVerdictRow],
         exit_code: i32,
     ) -> Result<(), StoreError> {
-        let path = self.path.clone();
-        let sql = |source| StoreError::Sqlite {
-            path: path.clone(),
-            source,
-        };
+        let sql = sqlite_error(&self.path);
         let tx = self.conn.transaction().map_err(sql)?;
         tx.execute("DELETE FROM verdicts WHERE run_id = ?1", [run_id])
             .map_err(sql)?;
@@ -825,11 +813,7 @@ impl Store {
         keep: &[i64],
         dry_run: bool,
     ) -> Result<Pruned, StoreError> {
-        let path = self.path.clone();
-        let sql = |source| StoreError::Sqlite {
-            path: path.clone(),
-            source,
-        };
+        let sql = sqlite_error(&self.path);
         let tx = self.conn.transaction().map_err(sql)?;
         tx.execute(
             "CREATE TEMP TABLE doomed AS SELECT id FROM runs
@@ -857,10 +841,8 @@ impl Store {
                           AND run_id NOT IN (SELECT id FROM doomed))",
             )
             .map_err(sql)?;
+            // Rolled back, the temporary table with it.
             drop(tx);
-            self.conn
-                .execute_batch("DROP TABLE IF EXISTS temp.doomed")
-                .map_err(|e| self.err(e))?;
             return Ok(pruned);
         }
         tx.execute_batch(
@@ -912,6 +894,15 @@ impl Store {
     }
 }
 
+/// Wraps SQLite's errors with the store's path; usable while a transaction borrows the
+/// connection.
+fn sqlite_error(path: &Path) -> impl Fn(rusqlite::Error) -> StoreError + Copy + '_ {
+    move |source| StoreError::Sqlite {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 /// Commits one result inside `tx`, storing what repeats once.
 fn insert_result(tx: &Connection, run_id: i64, result: &NewResult<'_>) -> rusqlite::Result<()> {
     let lane = word(tx, result.lane)?;
@@ -943,34 +934,24 @@ fn insert_result(tx: &Connection, run_id: i64, result: &NewResult<'_>) -> rusqli
 
 /// The id of `word`, adding it the first time.
 fn word(tx: &Connection, word: &str) -> rusqlite::Result<i64> {
-    let found = tx
-        .prepare_cached("SELECT id FROM words WHERE word = ?1")?
-        .query_row([word], |row| row.get(0))
-        .optional()?;
-    match found {
-        Some(id) => Ok(id),
-        None => {
-            tx.prepare_cached("INSERT INTO words (word) VALUES (?1)")?
-                .execute([word])?;
-            Ok(tx.last_insert_rowid())
-        }
-    }
+    find_or_insert(
+        tx,
+        "SELECT id FROM words WHERE word = ?1",
+        params![word],
+        "INSERT INTO words (word) VALUES (?1)",
+        params![word],
+    )
 }
 
 /// The id of a prompt at one version of its text.
 fn prompt_version(tx: &Connection, prompt: i64, hash: &str) -> rusqlite::Result<i64> {
-    let found = tx
-        .prepare_cached("SELECT id FROM prompt_versions WHERE prompt = ?1 AND hash = ?2")?
-        .query_row(params![prompt, hash], |row| row.get(0))
-        .optional()?;
-    match found {
-        Some(id) => Ok(id),
-        None => {
-            tx.prepare_cached("INSERT INTO prompt_versions (prompt, hash) VALUES (?1, ?2)")?
-                .execute(params![prompt, hash])?;
-            Ok(tx.last_insert_rowid())
-        }
-    }
+    find_or_insert(
+        tx,
+        "SELECT id FROM prompt_versions WHERE prompt = ?1 AND hash = ?2",
+        params![prompt, hash],
+        "INSERT INTO prompt_versions (prompt, hash) VALUES (?1, ?2)",
+        params![prompt, hash],
+    )
 }
 
 /// The id of what a result reported besides its text: outcome, model, fingerprint, finish.
@@ -981,38 +962,46 @@ fn served_as(tx: &Connection, result: &NewResult<'_>) -> rusqlite::Result<i64> {
         result.fingerprint,
         result.finish_reason
     ];
-    let found = tx
-        .prepare_cached(
-            "SELECT id FROM served_as WHERE outcome = ?1 AND model IS ?2 AND fingerprint IS ?3
-                 AND finish_reason IS ?4",
-        )?
-        .query_row(values, |row| row.get(0))
-        .optional()?;
-    match found {
-        Some(id) => Ok(id),
-        None => {
-            tx.prepare_cached(
-                "INSERT INTO served_as (outcome, model, fingerprint, finish_reason)
-                 VALUES (?1, ?2, ?3, ?4)",
-            )?
-            .execute(values)?;
-            Ok(tx.last_insert_rowid())
-        }
-    }
+    find_or_insert(
+        tx,
+        "SELECT id FROM served_as WHERE outcome = ?1 AND model IS ?2 AND fingerprint IS ?3
+             AND finish_reason IS ?4",
+        values,
+        "INSERT INTO served_as (outcome, model, fingerprint, finish_reason)
+         VALUES (?1, ?2, ?3, ?4)",
+        values,
+    )
 }
 
 /// The id of an output text, stored once by its SHA-256.
 fn text_id(tx: &Connection, text: &str) -> rusqlite::Result<i64> {
     let hash = Sha256::digest(text.as_bytes()).to_vec();
+    find_or_insert(
+        tx,
+        "SELECT id FROM texts WHERE hash = ?1",
+        params![hash],
+        "INSERT INTO texts (hash, text) VALUES (?1, ?2)",
+        params![hash, text],
+    )
+}
+
+/// The id of the row `select` finds by `key`, or of the row `insert` adds from `row`: how
+/// what repeats from result to result is stored once.
+fn find_or_insert(
+    tx: &Connection,
+    select: &str,
+    key: &[&dyn rusqlite::ToSql],
+    insert: &str,
+    row: &[&dyn rusqlite::ToSql],
+) -> rusqlite::Result<i64> {
     let found = tx
-        .prepare_cached("SELECT id FROM texts WHERE hash = ?1")?
-        .query_row([&hash], |row| row.get(0))
+        .prepare_cached(select)?
+        .query_row(key, |found| found.get(0))
         .optional()?;
     match found {
         Some(id) => Ok(id),
         None => {
-            tx.prepare_cached("INSERT INTO texts (hash, text) VALUES (?1, ?2)")?
-                .execute(params![hash, text])?;
+            tx.prepare_cached(insert)?.execute(row)?;
             Ok(tx.last_insert_rowid())
         }
     }
