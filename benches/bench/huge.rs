@@ -269,26 +269,7 @@ fn mib(bytes: u64) -> String {
 /// A server on 127.0.0.1:0, on a thread of its own (its buffers are not the child's), that
 /// answers with the body its path names. `sent` counts the bytes written for the last request.
 fn start_server(sent: Arc<AtomicU64>) -> anyhow::Result<SocketAddr> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    listener.set_nonblocking(true)?;
-    let addr = listener.local_addr()?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    std::thread::Builder::new()
-        .name("huge-lane".into())
-        .spawn(move || {
-            runtime.block_on(async move {
-                let listener = match tokio::net::TcpListener::from_std(listener) {
-                    Ok(listener) => listener,
-                    Err(err) => return eprintln!("huge: loopback server: {err}"),
-                };
-                while let Ok((socket, _)) = listener.accept().await {
-                    tokio::spawn(serve(socket, sent.clone()));
-                }
-            });
-        })?;
-    Ok(addr)
+    crate::loopback::serve_on_thread("huge-lane", move |socket| serve(socket, sent.clone()))
 }
 
 const PREFIX: &str = r#"{"id":"chatcmpl-huge","object":"chat.completion","model":"huge","system_fingerprint":"fp-huge","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":""#;

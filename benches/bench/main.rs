@@ -9,6 +9,7 @@ mod support;
 
 mod deadline;
 mod huge;
+mod loopback;
 mod overhead;
 mod serve;
 mod year;

@@ -395,27 +395,10 @@ fn process_cpu() -> u64 {
 /// keeping connections alive. It runs on a thread of its own so both variants share its cost
 /// equally and it never waits behind the client's tasks.
 fn start_instant_server() -> anyhow::Result<SocketAddr> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    listener.set_nonblocking(true)?;
-    let addr = listener.local_addr()?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     let response: Arc<[u8]> = completion_response().into();
-    std::thread::Builder::new()
-        .name("loopback-lane".into())
-        .spawn(move || {
-            runtime.block_on(async move {
-                let listener = match tokio::net::TcpListener::from_std(listener) {
-                    Ok(listener) => listener,
-                    Err(err) => return eprintln!("overhead: loopback server: {err}"),
-                };
-                while let Ok((socket, _)) = listener.accept().await {
-                    tokio::spawn(serve_keep_alive(socket, response.clone()));
-                }
-            });
-        })?;
-    Ok(addr)
+    crate::loopback::serve_on_thread("loopback-lane", move |socket| {
+        serve_keep_alive(socket, response.clone())
+    })
 }
 
 /// The whole response: the chat completion a provider would send, with its headers.
