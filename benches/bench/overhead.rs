@@ -276,6 +276,10 @@ async fn measure(addr: SocketAddr, size: &Size) -> anyhow::Result<()> {
     let took = started.elapsed();
     let load_after = load_average();
 
+    subjects
+        .router
+        .flush_audit()
+        .context("flush the audit log")?;
     let audited = std::fs::read_to_string(&audit_path)
         .with_context(|| format!("read {}", audit_path.display()))?
         .lines()

@@ -171,6 +171,12 @@ impl Router {
             .collect()
     }
 
+    /// Returns once the audit line of every job finished so far is in the audit file. Dropping
+    /// the router does the same.
+    pub fn flush_audit(&self) -> std::io::Result<()> {
+        self.audit.as_ref().map_or(Ok(()), AuditLog::flush)
+    }
+
     /// Prometheus text of the router's metrics, lane states included.
     pub fn render_prometheus(&self) -> String {
         crate::metrics::encode(&self.metrics_registry())

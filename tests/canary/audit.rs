@@ -33,6 +33,7 @@ async fn audit_lines_have_hash_and_byte_count_but_no_prompt_or_key() {
         "the key was sent to the lane"
     );
 
+    router.flush_audit().unwrap();
     let audit = project.audit_text();
     let lines: Vec<&str> = audit.lines().collect();
     assert_eq!(lines.len(), 1);
@@ -66,6 +67,7 @@ async fn bodies_are_audited_only_when_the_config_asks() {
     router
         .route(&request, Deadline::after(Duration::from_secs(3)))
         .await;
+    router.flush_audit().unwrap();
     let audit = project.audit_text();
     assert!(
         audit.contains("swordfish-42") && audit.contains("the answer text"),
@@ -89,6 +91,7 @@ async fn every_attempt_of_a_fallback_is_audited() {
     router
         .route(&request, Deadline::after(Duration::from_secs(3)))
         .await;
+    router.flush_audit().unwrap();
     let entry: serde_json::Value =
         serde_json::from_str(project.audit_text().lines().next().unwrap()).unwrap();
     let outcomes: Vec<&str> = entry["attempts"]
@@ -133,6 +136,7 @@ async fn a_key_a_server_echoes_back_is_scrubbed_everywhere() {
         detail.contains("invalid token: Bearer [redacted]"),
         "{detail}"
     );
+    router.flush_audit().unwrap();
     assert!(
         !project.audit_text().contains(SECRET),
         "{}",
@@ -155,6 +159,7 @@ async fn a_job_its_caller_abandons_mid_call_is_still_audited() {
 
     assert!(gave_up.is_err());
     assert_eq!(lane.requests(), 1, "the prompt left the network");
+    router.flush_audit().unwrap();
     let audit = project.audit_text();
     let entry: serde_json::Value =
         serde_json::from_str(audit.lines().next().expect("one audit line")).unwrap();
