@@ -227,6 +227,54 @@ pub struct RunArgs {
     /// Do not send alerts for this run.
     #[arg(long)]
     pub no_alert: bool,
+
+    /// Only the K-th of N equal shares of the prompt set (`2/4`), so several runners can
+    /// split one set; a shard may raise a lane's first drift alert, never a recovery.
+    #[arg(long, value_name = "K/N")]
+    pub shard: Option<Shard>,
+}
+
+/// One of N equal shares of the prompt set: prompts at positions K-1, K-1+N, ... in id order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// From 1.
+    pub index: u32,
+    /// How many shares.
+    pub count: u32,
+}
+
+impl Shard {
+    /// Keeps only this shard's prompts (the set is sorted by id).
+    pub fn select<T>(&self, prompts: &mut Vec<T>) {
+        let (index, count) = (self.index as usize - 1, self.count as usize);
+        let mut position = 0;
+        prompts.retain(|_| {
+            let keep = position % count == index;
+            position += 1;
+            keep
+        });
+    }
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Shard, String> {
+        let bad = || format!("expected K/N with 1 <= K <= N, such as 2/4; found {value:?}");
+        let (index, count) = value.split_once('/').ok_or_else(bad)?;
+        let index: u32 = index.trim().parse().map_err(|_| bad())?;
+        let count: u32 = count.trim().parse().map_err(|_| bad())?;
+        if index == 0 || count == 0 || index > count {
+            return Err(bad());
+        }
+        Ok(Shard { index, count })
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
 }
 
 /// Arguments of `canary diff`.

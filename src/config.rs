@@ -12,6 +12,8 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 use serde_saphyr::Spanned;
 
+use crate::store::StoreLocation;
+
 use crate::verdict::MinDrifted;
 
 /// Default `max_response_bytes`: 4 MiB.
@@ -47,8 +49,8 @@ pub enum ConfigError {
 pub struct Config {
     /// The file this was loaded from.
     pub path: PathBuf,
-    /// SQLite store.
-    pub store: PathBuf,
+    /// The store: a SQLite file, or a PostgreSQL database shared by several runners.
+    pub store: crate::store::StoreLocation,
     /// How long runs are kept (`store.keep`); `None` keeps every run.
     pub store_keep: Option<Duration>,
     /// Folder of the pinned prompt set.
@@ -337,8 +339,8 @@ fn invalid_at<T>(path: &Path, spanned: &Spanned<T>, message: String) -> ConfigEr
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
-    #[serde(default)]
-    store: RawStore,
+    #[serde(default = "default_raw_store")]
+    store: Spanned<RawStore>,
     #[serde(default = "default_prompts")]
     prompts: PathBuf,
     #[serde(default = "default_snapshots")]
@@ -364,20 +366,35 @@ struct RawConfig {
     alerts: Option<RawAlerts>,
 }
 
+fn default_raw_store() -> Spanned<RawStore> {
+    Spanned::new(
+        RawStore::default(),
+        serde_saphyr::Location::UNKNOWN,
+        serde_saphyr::Location::UNKNOWN,
+    )
+}
+
 fn default_store() -> PathBuf {
     PathBuf::from(".canary/canary.db")
 }
 
-/// `store:` is the store's path, or a table of the path and how long runs are kept.
+/// `store:` is the store's path or PostgreSQL URL, or a table of it, how long runs are kept,
+/// and (for PostgreSQL) where the password comes from, extra CA certificates and the lease.
 struct RawStore {
-    path: PathBuf,
+    location: String,
+    password_env: Option<String>,
+    ca_file: Option<PathBuf>,
+    lease: Option<Spanned<HumanDuration>>,
     keep: Option<Spanned<HumanDuration>>,
 }
 
 impl Default for RawStore {
     fn default() -> RawStore {
         RawStore {
-            path: default_store(),
+            location: default_store().display().to_string(),
+            password_env: None,
+            ca_file: None,
+            lease: None,
             keep: None,
         }
     }
@@ -388,8 +405,16 @@ impl<'de> Deserialize<'de> for RawStore {
         #[derive(Deserialize)]
         #[serde(deny_unknown_fields)]
         struct Table {
-            #[serde(default = "default_store")]
-            path: PathBuf,
+            #[serde(default)]
+            path: Option<String>,
+            #[serde(default)]
+            url: Option<String>,
+            #[serde(default)]
+            password_env: Option<String>,
+            #[serde(default)]
+            ca_file: Option<PathBuf>,
+            #[serde(default)]
+            lease: Option<Spanned<HumanDuration>>,
             #[serde(default)]
             keep: Option<Spanned<HumanDuration>>,
         }
@@ -397,18 +422,31 @@ impl<'de> Deserialize<'de> for RawStore {
         impl<'de> serde::de::Visitor<'de> for Visitor {
             type Value = RawStore;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a path such as .canary/canary.db, or a table with `path` and `keep`")
+                f.write_str("a path such as .canary/canary.db, a URL such as postgres://canary@db/canary, or a table with `path` or `url` and `keep`, `lease`, `password_env`, `ca_file`")
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawStore, E> {
                 Ok(RawStore {
-                    path: PathBuf::from(v),
-                    keep: None,
+                    location: v.to_owned(),
+                    ..RawStore::default()
                 })
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<RawStore, A::Error> {
                 let table = Table::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                let location = match (table.path, table.url) {
+                    (Some(_), Some(_)) => {
+                        return Err(serde::de::Error::custom(
+                            "`store` takes `path` (SQLite) or `url` (PostgreSQL), not both",
+                        ));
+                    }
+                    (Some(path), None) => path,
+                    (None, Some(url)) => url,
+                    (None, None) => RawStore::default().location,
+                };
                 Ok(RawStore {
-                    path: table.path,
+                    location,
+                    password_env: table.password_env,
+                    ca_file: table.ca_file,
+                    lease: table.lease,
                     keep: table.keep,
                 })
             }
@@ -416,6 +454,9 @@ impl<'de> Deserialize<'de> for RawStore {
         deserializer.deserialize_any(Visitor)
     }
 }
+
+/// The shortest `store.lease`.
+pub const MIN_LEASE: Duration = Duration::from_secs(1);
 
 /// The shortest `store.keep`: a day, so a typo cannot empty the history.
 pub const MIN_KEEP: Duration = Duration::from_secs(24 * 60 * 60);
@@ -578,6 +619,58 @@ fn default_smtp_security() -> SmtpSecurity {
 }
 
 impl RawConfig {
+    /// `store:` read: a SQLite file relative to the config's folder, or a PostgreSQL URL with
+    /// its password env var, CA file and lease.
+    fn store_location(&self, path: &Path, dir: &Path) -> Result<StoreLocation, ConfigError> {
+        let raw = &self.store.value;
+        let location = StoreLocation::parse(&raw.location, dir)
+            .map_err(|message| invalid_at(path, &self.store, message))?;
+        match location {
+            StoreLocation::Sqlite(file) => {
+                if raw.password_env.is_some() || raw.ca_file.is_some() || raw.lease.is_some() {
+                    return Err(invalid_at(
+                        path,
+                        &self.store,
+                        "`password_env`, `ca_file` and `lease` are for a PostgreSQL store (`url: postgres://...`), not a SQLite file".into(),
+                    ));
+                }
+                Ok(StoreLocation::Sqlite(file))
+            }
+            StoreLocation::Postgres(mut target) => {
+                if let Some(var) = &raw.password_env
+                    && (var.is_empty() || var.contains('='))
+                {
+                    return Err(invalid_at(
+                        path,
+                        &self.store,
+                        format!(
+                            "expected `password_env` to name an environment variable, found {var:?}"
+                        ),
+                    ));
+                }
+                target.password_env = raw.password_env.clone();
+                target.ca_file = raw
+                    .ca_file
+                    .clone()
+                    .map(|p| if p.is_absolute() { p } else { dir.join(p) });
+                if let Some(lease) = &raw.lease {
+                    if lease.value.0 < MIN_LEASE {
+                        return Err(invalid_at(
+                            path,
+                            lease,
+                            format!(
+                                "expected `store.lease` of at least 1s, found {}",
+                                humantime::format_duration(lease.value.0)
+                            ),
+                        ));
+                    }
+                    target.lease = lease.value.0;
+                }
+                Ok(StoreLocation::Postgres(target))
+            }
+        }
+    }
+
     fn resolve(self, path: &Path, dir: &Path) -> Result<Config, ConfigError> {
         if self.lanes.value.is_empty() {
             return Err(invalid_at(
@@ -591,7 +684,8 @@ impl RawConfig {
             .as_ref()
             .map_or(DEFAULT_DEADLINE, |d| d.value.0);
         let floor = self.floor.as_ref().map_or(DEFAULT_FLOOR, |f| f.value.0);
-        if let Some(keep) = &self.store.keep
+        let store = self.store_location(path, dir)?;
+        if let Some(keep) = &self.store.value.keep
             && keep.value.0 < MIN_KEEP
         {
             return Err(invalid_at(
@@ -817,8 +911,8 @@ impl RawConfig {
         let at = |p: PathBuf| if p.is_absolute() { p } else { dir.join(p) };
         Ok(Config {
             path: path.to_path_buf(),
-            store_keep: self.store.keep.map(|k| k.value.0),
-            store: at(self.store.path),
+            store_keep: self.store.value.keep.map(|k| k.value.0),
+            store,
             prompts: at(self.prompts),
             snapshots: at(self.snapshots),
             audit: self.audit.map(at),
@@ -1121,7 +1215,10 @@ mod tests {
     #[test]
     fn defaults_fill_in_and_paths_resolve_against_the_config_folder() {
         let config = parse(MINIMAL).unwrap();
-        assert_eq!(config.store, PathBuf::from("/srv/canary/.canary/canary.db"));
+        assert_eq!(
+            config.store,
+            StoreLocation::from(PathBuf::from("/srv/canary/.canary/canary.db"))
+        );
         assert_eq!(config.prompts, PathBuf::from("/srv/canary/prompts"));
         assert_eq!(config.deadline, Duration::from_secs(30));
         assert_eq!(config.floor, Duration::from_millis(50));
@@ -1148,10 +1245,16 @@ mod tests {
     #[test]
     fn the_store_is_a_path_or_a_table_with_how_long_runs_are_kept() {
         let config = parse(&format!("store: /var/lib/canary.db\n{MINIMAL}")).unwrap();
-        assert_eq!(config.store, PathBuf::from("/var/lib/canary.db"));
+        assert_eq!(
+            config.store,
+            StoreLocation::from(PathBuf::from("/var/lib/canary.db"))
+        );
         assert_eq!(config.store_keep, None);
         let config = parse(&format!("store:\n  keep: 400d\n{MINIMAL}")).unwrap();
-        assert_eq!(config.store, PathBuf::from("/srv/canary/.canary/canary.db"));
+        assert_eq!(
+            config.store,
+            StoreLocation::from(PathBuf::from("/srv/canary/.canary/canary.db"))
+        );
         assert_eq!(
             config.store_keep,
             Some(Duration::from_secs(400 * 24 * 60 * 60))

@@ -338,7 +338,7 @@ pub async fn execute(
 
     let sending = futures_util::future::join_all(workers);
     // The workers never wait for the disk: a thread of its own commits, in groups.
-    let writer = GroupWriter::start(store.path(), run_id)?;
+    let writer = GroupWriter::start(store.location(), run_id)?;
     let handing_over = async {
         let mut handed = 0;
         while let Some(done) = receiver.recv().await {

@@ -10,7 +10,7 @@ use crate::prompts::PromptSet;
 use crate::router::Router;
 use crate::run::{execute, plan};
 use crate::store::Store;
-use crate::store::lock::{LockError, RunLock};
+use crate::store::lock::{LockError, RunGuard};
 
 /// Runs `canary accept`.
 pub async fn run(cli: &Cli, args: &AcceptArgs) -> anyhow::Result<i32> {
@@ -21,7 +21,13 @@ pub async fn run(cli: &Cli, args: &AcceptArgs) -> anyhow::Result<i32> {
             let store = Store::open(&config.store)?;
             let run = store.run(args.run)?;
             match run.status.as_str() {
-                "running" => match RunLock::acquire(&config.store) {
+                // Opening a shared store marked the runs whose leases lapsed as interrupted:
+                // one still running there is alive.
+                "running" if config.store.is_shared() => anyhow::bail!(
+                    "run {} is still in progress (its runner holds its lane leases); accept it when it has finished",
+                    run.id
+                ),
+                "running" => match RunGuard::take(&config.store) {
                     Err(LockError::Held { holder, .. }) => anyhow::bail!(
                         "run {} is still in progress ({holder}); accept it when it has finished",
                         run.id
@@ -160,9 +166,13 @@ async fn calibration_run(
     args: &AcceptArgs,
     samples: u32,
 ) -> anyhow::Result<i64> {
-    let _lock = RunLock::acquire(&config.store)?;
+    let _guard = RunGuard::take(&config.store)?;
     let mut store = Store::open(&config.store)?;
-    store.mark_interrupted()?;
+    if config.store.is_shared() {
+        store.mark_lapsed()?;
+    } else {
+        store.mark_interrupted()?;
+    }
     let router = Router::new(config, &process_env)?;
     let plan = plan(
         config,

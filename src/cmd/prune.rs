@@ -9,7 +9,7 @@ use super::load_config;
 use crate::cli::{Cli, Format, PruneArgs};
 use crate::config::Config;
 use crate::snapshot::Snapshot;
-use crate::store::lock::RunLock;
+use crate::store::lock::RunGuard;
 use crate::store::{Pruned, Store};
 
 /// What one prune did.
@@ -34,7 +34,9 @@ pub fn run(cli: &Cli, args: &PruneArgs) -> anyhow::Result<i32> {
             config.path.display()
         );
     };
-    let _lock = RunLock::acquire(&config.store)?;
+    // A prune never removes a run still `running`; the file lock also keeps a SQLite store's
+    // run from starting halfway through.
+    let _guard = RunGuard::take(&config.store)?;
     let mut store = Store::open(&config.store)?;
     let report = prune(&config, &mut store, keep, args.dry_run)?;
     let mut after = report.bytes.1;

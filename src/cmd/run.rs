@@ -11,8 +11,8 @@ use crate::prompts::PromptSet;
 use crate::report;
 use crate::router::Router;
 use crate::run::{Plan, execute, more_samples, plan};
-use crate::store::Store;
-use crate::store::lock::RunLock;
+use crate::store::lock::RunGuard;
+use crate::store::{Store, StoreLocation, lease};
 
 /// Exit code after Ctrl-C / SIGTERM, as shells expect.
 const EXIT_INTERRUPTED: i32 = 130;
@@ -20,10 +20,20 @@ const EXIT_INTERRUPTED: i32 = 130;
 /// Runs `canary run`.
 pub async fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<i32> {
     let config = load_config(&cli.config)?;
-    let set = PromptSet::load(&config.prompts).context("invalid prompt set")?;
-    let mut lock = RunLock::acquire(&config.store)?;
+    let mut set = PromptSet::load(&config.prompts).context("invalid prompt set")?;
+    if let Some(shard) = args.shard {
+        shard.select(&mut set.prompts);
+    }
+    let mut guard = RunGuard::take(&config.store)?;
     let mut store = Store::open(&config.store)?;
-    for id in store.mark_interrupted()? {
+    // With the file lock held no other run is alive; in a shared store, only runs whose
+    // leases lapsed are dead.
+    let dead = if config.store.is_shared() {
+        store.mark_lapsed()?
+    } else {
+        store.mark_interrupted()?
+    };
+    for id in dead {
         tracing::warn!("run {id} was interrupted before it finished; its stored results are kept");
     }
     let router = Router::new(&config, &process_env)?;
@@ -50,8 +60,23 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<i32> {
         tracing::info!("lane {lane}: switched off ({why}); not measured in this run");
     }
     let lane_names: Vec<String> = plan.lanes.iter().map(|(l, _)| l.clone()).collect();
-    let run_id = store.begin_run(&set.hash, plan.max_samples(), &lane_names)?;
-    lock.describe(&format!(
+    let shard = args.shard.map(|s| s.to_string());
+    let run_id =
+        store.begin_run_with(&set.hash, plan.max_samples(), &lane_names, shard.as_deref())?;
+    if let StoreLocation::Postgres(target) = &config.store {
+        let keys = lease::keys(&lane_names, shard.as_deref());
+        if let Err(err) = store.acquire_leases(run_id, &keys, target.lease) {
+            store.discard_run(run_id)?;
+            return Err(err.into());
+        }
+        guard.keep(lease::LeaseKeeper::start(
+            &config.store,
+            run_id,
+            keys.len(),
+            target.lease,
+        )?);
+    }
+    guard.describe(&format!(
         "run {run_id} (pid {}, started {})",
         std::process::id(),
         chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
@@ -113,8 +138,8 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<i32> {
         stored = measuring => stored,
         // Results are committed one by one, so stopping here loses nothing that finished.
         () = super::shutdown_signal() => {
-            let kept = store.results(run_id).map(|r| r.len()).unwrap_or(0);
-            store.mark_interrupted()?;
+            let kept = store.results_of(run_id, None, false).map(|r| r.len()).unwrap_or(0);
+            store.mark_run_interrupted(run_id)?;
             eprintln!("interrupted: run {run_id} stopped; {kept} finished results are kept in {}", config.store.display());
             if let Some(heartbeat) = &heartbeat {
                 beat(heartbeat, Beat::Failure).await;
@@ -237,7 +262,7 @@ async fn conclude(
         for err in broken {
             tracing::warn!("alert channel not set up, nothing sent through it: {err}");
         }
-        let complete = args.prompts.is_empty();
+        let complete = args.prompts.is_empty() && args.shard.is_none();
         if let Err(err) = alert::after_run(
             config,
             store,

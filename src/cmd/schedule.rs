@@ -5,7 +5,7 @@
 //! overlaps a run started by hand either), and a crash in one run cannot take the scheduler down.
 
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ use clap::ValueEnum;
 use super::{EXIT_OK, load_config};
 use crate::cli::Cli;
 use crate::schedule::{Runner, Scheduler, Stop, SystemClock};
-use crate::store::Store;
+use crate::store::{Store, StoreLocation};
 
 /// How long a run sent SIGTERM may take to commit what it has and exit before it is killed.
 const TERM_TIMEOUT: Duration = Duration::from_secs(10);
@@ -45,9 +45,9 @@ pub async fn run(cli: &Cli) -> anyhow::Result<i32> {
 }
 
 /// When the latest run on record started; none when there is no store or no run yet.
-fn last_run(store: &Path) -> anyhow::Result<Option<DateTime<Utc>>> {
+fn last_run(store: &StoreLocation) -> anyhow::Result<Option<DateTime<Utc>>> {
     // Opening would create an empty store; a store that is not there has no runs.
-    if !store.exists() {
+    if store.sqlite_path().is_some_and(|path| !path.exists()) {
         return Ok(None);
     }
     let runs = Store::open(store)
@@ -64,7 +64,7 @@ fn last_run(store: &Path) -> anyhow::Result<Option<DateTime<Utc>>> {
                  no missed fire will be caught up",
                 latest.id,
                 latest.started_at,
-                store.display()
+                store
             );
             Ok(None)
         }

@@ -112,6 +112,42 @@ impl RunLock {
     }
 }
 
+/// What keeps two runs from measuring the same lanes at once: the file lock of a SQLite store,
+/// or leases per lane in a shared PostgreSQL store (taken once the run has an id).
+#[derive(Debug)]
+pub enum RunGuard {
+    /// The whole SQLite store, for this process.
+    File(RunLock),
+    /// Leases on this run's lanes, renewed until dropped.
+    Leases(Option<super::lease::LeaseKeeper>),
+}
+
+impl RunGuard {
+    /// Takes the file lock of a SQLite store at once, or says who holds it. A shared store
+    /// has nothing to take before the run exists.
+    pub fn take(store: &super::StoreLocation) -> Result<RunGuard, LockError> {
+        match store.sqlite_path() {
+            Some(path) => RunLock::acquire(path).map(RunGuard::File),
+            None => Ok(RunGuard::Leases(None)),
+        }
+    }
+
+    /// Names the holder (e.g. once the run has an id), for a file lock.
+    pub fn describe(&mut self, holder: &str) -> std::io::Result<()> {
+        match self {
+            RunGuard::File(lock) => lock.describe(holder),
+            RunGuard::Leases(_) => Ok(()),
+        }
+    }
+
+    /// Keeps the run's leases renewed until the guard is dropped.
+    pub fn keep(&mut self, keeper: super::lease::LeaseKeeper) {
+        if let RunGuard::Leases(slot) = self {
+            *slot = Some(keeper);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,60 +1,93 @@
-//! The SQLite store: runs, every result as it arrives, verdicts and alerts.
+//! The store: runs, every result as it arrives, verdicts and alerts.
 //!
-//! WAL mode with full sync: results are committed as they arrive (in groups, by
-//! [`writer::GroupWriter`], so a slow disk never holds up the requests), and a run killed at any
-//! instant leaves a consistent store holding every result committed up to then.
-//! Output texts are content-addressed, stored once however many runs repeat them.
+//! An embedded SQLite file by default (WAL mode, full sync), or a PostgreSQL database that
+//! several runners share. The queries are written once, behind [`db::Db`]. Results are
+//! committed as they arrive (in groups, by [`writer::GroupWriter`], so a slow disk never holds
+//! up the requests), and a run killed at any instant leaves a consistent store holding every
+//! result committed up to then. Output texts are content-addressed, stored once however many
+//! runs repeat them.
 
+pub mod copy;
+pub mod db;
+pub mod lease;
+pub mod location;
 pub mod lock;
 mod migrations;
+pub mod postgres;
 pub mod writer;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
 
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
-
+use rusqlite::{Connection, TransactionBehavior};
 use sha2::{Digest, Sha256};
+
+use db::{Db, DbError, Dialect, Param, SqliteDb, params, transaction};
+pub use location::{PostgresTarget, StoreLocation};
 
 /// A store problem.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// SQLite refused.
-    #[error("store {path}: {source}")]
-    Sqlite {
-        /// The store file.
-        path: PathBuf,
-        /// What SQLite said.
-        source: rusqlite::Error,
+    /// The database refused, or could not be reached.
+    #[error("store {store}: {source}")]
+    Database {
+        /// The store, as [`StoreLocation`] displays it (never with a password).
+        store: String,
+        /// What the database said.
+        source: DbError,
+    },
+    /// A PostgreSQL store cannot be connected to.
+    #[error("store {store}: {source}")]
+    Connect {
+        /// The store.
+        store: String,
+        /// Why.
+        source: postgres::ConnectError,
     },
     /// The store was written by a newer canary.
     #[error(
-        "store {path} has schema version {found}, newer than this canary understands ({known}); upgrade canary"
+        "store {store} has schema version {found}, newer than this canary understands ({known}); upgrade canary"
     )]
     TooNew {
-        /// The store file.
-        path: PathBuf,
+        /// The store.
+        store: String,
         /// Its version.
         found: i64,
         /// Ours.
         known: i64,
     },
     /// The folder of the store cannot be created.
-    #[error("cannot create the folder of store {path}: {source}")]
+    #[error("cannot create the folder of store {store}: {source}")]
     Folder {
         /// The store file.
-        path: PathBuf,
+        store: String,
         /// Why.
         source: std::io::Error,
     },
     /// The store needs a newer schema, but a run holds it.
     #[error(
-        "store {path} must be migrated to this canary's schema, but a run is using it ({holder}); try again when it has finished"
+        "store {store} must be migrated to this canary's schema, but a run is using it ({holder}); try again when it has finished"
     )]
     MigrationWaits {
         /// The store file.
-        path: PathBuf,
+        store: String,
         /// Who holds the run lock.
         holder: String,
+    },
+    /// Another runner holds the lease on a lane.
+    #[error(
+        "lane {lane} is being measured by another runner ({holder}, run {run_id}) until at least {until}; its lease lapses if that runner dies"
+    )]
+    LeaseHeld {
+        /// The lane (and shard) leased.
+        lane: String,
+        /// The runner holding it.
+        holder: String,
+        /// Its run.
+        run_id: i64,
+        /// When its lease ends unless renewed.
+        until: String,
     },
     /// The committing thread could not be started.
     #[error("cannot start the thread that commits results: {source}")]
@@ -89,6 +122,8 @@ pub struct RunRow {
     pub lanes: Vec<String>,
     /// Exit code it ended with.
     pub exit_code: Option<i64>,
+    /// The shard of the prompt set it measured (`2/4`), if it measured one.
+    pub shard: Option<String>,
 }
 
 /// One result to store.
@@ -256,62 +291,148 @@ pub struct AlertRow {
     pub created_at: String,
 }
 
-/// The SQLite store.
-pub struct Store {
-    conn: Connection,
-    path: PathBuf,
+/// A lease a runner holds on a lane of a shared store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRow {
+    /// The lane (with its shard, for a sharded run).
+    pub lane: String,
+    /// The run holding it.
+    pub run_id: i64,
+    /// Its runner: host and pid.
+    pub runner: String,
+    /// When it lapses unless renewed (RFC 3339).
+    pub until: String,
 }
 
-const KNOWN_VERSION: i64 = migrations::MIGRATIONS.len() as i64;
+/// The store.
+pub struct Store {
+    backend: Backend,
+    location: StoreLocation,
+    name: String,
+}
+
+enum Backend {
+    Sqlite(Connection),
+    Postgres(Box<Mutex<postgres::PgConn>>),
+}
+
+/// The schema version this canary writes.
+pub const KNOWN_VERSION: i64 = migrations::KNOWN_VERSION;
 
 impl Store {
-    /// Opens (creating and migrating as needed) the store at `path`.
-    pub fn open(path: &Path) -> Result<Store, StoreError> {
+    /// Opens (creating and migrating as needed) the store at `location`. A PostgreSQL store
+    /// takes its password from the env var `password_env` names, or `PGPASSWORD`.
+    pub fn open(location: impl Into<StoreLocation>) -> Result<Store, StoreError> {
+        Store::open_with_env(&location.into(), &|name| std::env::var(name).ok())
+    }
+
+    /// [`Store::open`], reading env vars through `env`.
+    pub fn open_with_env(
+        location: &StoreLocation,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Store, StoreError> {
+        let name = location.to_string();
+        match location {
+            StoreLocation::Sqlite(path) => Store::open_sqlite(path, location, name),
+            StoreLocation::Postgres(target) => {
+                let conn = postgres::PgConn::connect(target, env).map_err(|source| {
+                    StoreError::Connect {
+                        store: name.clone(),
+                        source,
+                    }
+                })?;
+                let mut store = Store {
+                    backend: Backend::Postgres(Box::new(Mutex::new(conn))),
+                    location: location.clone(),
+                    name,
+                };
+                store.migrate_postgres()?;
+                store.mark_lapsed()?;
+                Ok(store)
+            }
+        }
+    }
+
+    fn open_sqlite(
+        path: &Path,
+        location: &StoreLocation,
+        name: String,
+    ) -> Result<Store, StoreError> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|source| StoreError::Folder {
-                path: path.to_path_buf(),
+                store: name.clone(),
                 source,
             })?;
         }
-        let sql = |source| StoreError::Sqlite {
-            path: path.to_path_buf(),
-            source,
+        let sql = |source: rusqlite::Error| StoreError::Database {
+            store: name.clone(),
+            source: source.into(),
         };
         let conn = Connection::open(path).map_err(sql)?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(sql)?;
+        conn.busy_timeout(Duration::from_secs(5)).map_err(sql)?;
         conn.execute_batch(
             "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;",
         )
         .map_err(sql)?;
         let mut store = Store {
-            conn,
-            path: path.to_path_buf(),
+            backend: Backend::Sqlite(conn),
+            location: location.clone(),
+            name,
         };
-        store.migrate()?;
+        store.migrate_sqlite(path)?;
         Ok(store)
     }
 
-    /// The store file.
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// Where the store is.
+    pub fn location(&self) -> &StoreLocation {
+        &self.location
     }
 
-    fn err(&self, source: rusqlite::Error) -> StoreError {
-        StoreError::Sqlite {
-            path: self.path.clone(),
+    /// Which engine holds it.
+    pub fn dialect(&self) -> Dialect {
+        match self.backend {
+            Backend::Sqlite(_) => Dialect::Sqlite,
+            Backend::Postgres(_) => Dialect::Postgres,
+        }
+    }
+
+    fn err(&self, source: DbError) -> StoreError {
+        StoreError::Database {
+            store: self.name.clone(),
             source,
         }
     }
 
-    fn migrate(&mut self) -> Result<(), StoreError> {
-        let version: i64 = self
-            .conn
+    /// Runs `work` against the database: the one place the two engines meet.
+    fn db<R: Send>(
+        &self,
+        work: impl FnOnce(&mut dyn Db) -> Result<R, DbError> + Send,
+    ) -> Result<R, StoreError> {
+        let result = match &self.backend {
+            Backend::Sqlite(conn) => work(&mut SqliteDb(conn)),
+            Backend::Postgres(conn) => conn
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .with(work),
+        };
+        result.map_err(|source| self.err(source))
+    }
+
+    fn migrate_sqlite(&mut self, path: &Path) -> Result<(), StoreError> {
+        let Backend::Sqlite(conn) = &mut self.backend else {
+            return Ok(());
+        };
+        let name = self.name.clone();
+        let sql = |source: rusqlite::Error| StoreError::Database {
+            store: name.clone(),
+            source: source.into(),
+        };
+        let version: i64 = conn
             .query_row("PRAGMA user_version", [], |row| row.get(0))
-            .map_err(|e| self.err(e))?;
+            .map_err(sql)?;
         if version > KNOWN_VERSION {
             return Err(StoreError::TooNew {
-                path: self.path.clone(),
+                store: name,
                 found: version,
                 known: KNOWN_VERSION,
             });
@@ -322,7 +443,7 @@ impl Store {
         // A store in use by a run of an older canary must not change shape under it: migrate
         // only holding the run lock, or when this process is the one holding it.
         let _lock = if version > 0 {
-            match lock::RunLock::acquire(&self.path) {
+            match lock::RunLock::acquire(path) {
                 Ok(lock) => Some(lock),
                 Err(lock::LockError::Held { holder, .. })
                     if lock::holder_pid(&holder) == Some(std::process::id()) =>
@@ -331,7 +452,7 @@ impl Store {
                 }
                 Err(lock::LockError::Held { holder, .. }) => {
                     return Err(StoreError::MigrationWaits {
-                        path: self.path.clone(),
+                        store: name,
                         holder,
                     });
                 }
@@ -340,11 +461,9 @@ impl Store {
         } else {
             None
         };
-        let sql = sqlite_error(&self.path);
         // Immediate, and the version read again inside: two canaries opening the same old
         // store migrate it once.
-        let tx = self
-            .conn
+        let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sql)?;
         let version: i64 = tx
@@ -362,25 +481,99 @@ impl Store {
         tx.commit().map_err(sql)
     }
 
-    /// Schema version of the store.
-    pub fn schema_version(&self) -> Result<i64, StoreError> {
-        self.conn
-            .query_row("PRAGMA user_version", [], |row| row.get(0))
-            .map_err(|e| self.err(e))
+    fn migrate_postgres(&mut self) -> Result<(), StoreError> {
+        let Backend::Postgres(conn) = &self.backend else {
+            return Ok(());
+        };
+        let migrated = conn
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .migrate()
+            .map_err(|source| self.err(source))?;
+        match migrated {
+            postgres::Migrated::TooNew(found) => Err(StoreError::TooNew {
+                store: self.name.clone(),
+                found,
+                known: KNOWN_VERSION,
+            }),
+            postgres::Migrated::To(version) => {
+                tracing::info!("store {}: schema brought to version {version}", self.name);
+                Ok(())
+            }
+            postgres::Migrated::Current => Ok(()),
+        }
     }
 
-    /// Marks runs still `running` as `interrupted`. Call only while holding the run lock: then
-    /// no such run can be alive. Returns their ids.
+    /// Schema version of the store.
+    pub fn schema_version(&self) -> Result<i64, StoreError> {
+        match &self.backend {
+            Backend::Sqlite(conn) => conn
+                .query_row("PRAGMA user_version", [], |row| row.get(0))
+                .map_err(|e| self.err(e.into())),
+            Backend::Postgres(conn) => conn
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .version()
+                .map_err(|e| self.err(e)),
+        }
+    }
+
+    /// Marks runs still `running` as `interrupted`. Call only while holding the run lock of a
+    /// SQLite store: then no such run can be alive. Returns their ids.
     pub fn mark_interrupted(&self) -> Result<Vec<i64>, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare("UPDATE runs SET status = 'interrupted' WHERE status = 'running' RETURNING id")
-            .map_err(|e| self.err(e))?;
-        let ids = stmt
-            .query_map([], |row| row.get(0))
-            .and_then(|rows| rows.collect::<Result<Vec<i64>, _>>())
-            .map_err(|e| self.err(e))?;
-        Ok(ids)
+        self.db(|db| {
+            db.query(
+                "UPDATE runs SET status = 'interrupted' WHERE status = 'running' RETURNING id",
+                params![],
+            )?
+            .iter()
+            .map(|row| row.int(0))
+            .collect()
+        })
+    }
+
+    /// Marks runs still `running` whose lease has lapsed as `interrupted` (their runner died
+    /// or lost the store), and drops lapsed leases. Returns the runs' ids.
+    pub fn mark_lapsed(&self) -> Result<Vec<i64>, StoreError> {
+        let now = now();
+        self.db(|db| {
+            let ids = db
+                .query(
+                    "UPDATE runs SET status = 'interrupted'
+                     WHERE status = 'running' AND lease_until IS NOT NULL AND lease_until < ?1
+                     RETURNING id",
+                    params![now.as_str()],
+                )?
+                .iter()
+                .map(|row| row.int(0))
+                .collect::<Result<Vec<i64>, _>>()?;
+            db.execute("DELETE FROM leases WHERE until < ?1", params![now.as_str()])?;
+            Ok(ids)
+        })
+    }
+
+    /// Marks one run `interrupted` (stopped by a signal), if it is still `running`.
+    pub fn mark_run_interrupted(&self, run_id: i64) -> Result<(), StoreError> {
+        self.db(|db| {
+            db.execute(
+                "UPDATE runs SET status = 'interrupted' WHERE id = ?1 AND status = 'running'",
+                params![run_id],
+            )?;
+            db.execute("DELETE FROM leases WHERE run_id = ?1", params![run_id])?;
+            Ok(())
+        })
+    }
+
+    /// Removes a run that never got to measure anything (its leases were refused).
+    pub fn discard_run(&self, run_id: i64) -> Result<(), StoreError> {
+        self.db(|db| {
+            db.execute(
+                "DELETE FROM runs WHERE id = ?1
+                     AND NOT EXISTS (SELECT 1 FROM results WHERE run_id = ?1)",
+                params![run_id],
+            )?;
+            Ok(())
+        })
     }
 
     /// Starts a run and returns its id.
@@ -390,20 +583,147 @@ impl Store {
         samples: u32,
         lanes: &[String],
     ) -> Result<i64, StoreError> {
-        self.conn
-            .execute(
-                "INSERT INTO runs (started_at, status, prompt_set_hash, samples, lanes, pid)
-                 VALUES (?1, 'running', ?2, ?3, ?4, ?5)",
+        self.begin_run_with(prompt_set_hash, samples, lanes, None)
+    }
+
+    /// Starts a run, of one shard of the prompt set (`2/4`) when `shard` is given.
+    pub fn begin_run_with(
+        &self,
+        prompt_set_hash: &str,
+        samples: u32,
+        lanes: &[String],
+        shard: Option<&str>,
+    ) -> Result<i64, StoreError> {
+        let lanes = serde_json::to_string(lanes).unwrap_or_default();
+        let runner = runner();
+        let started = now();
+        self.db(|db| {
+            db.query_one(
+                "INSERT INTO runs (started_at, status, prompt_set_hash, samples, lanes, pid,
+                     runner, shard)
+                 VALUES (?1, 'running', ?2, ?3, ?4, ?5, ?6, ?7) RETURNING id",
                 params![
-                    now(),
+                    started.as_str(),
                     prompt_set_hash,
-                    samples,
-                    serde_json::to_string(lanes).unwrap_or_default(),
-                    std::process::id()
+                    i64::from(samples),
+                    lanes.as_str(),
+                    i64::from(std::process::id()),
+                    runner.as_str(),
+                    shard
                 ],
-            )
-            .map_err(|e| self.err(e))?;
-        Ok(self.conn.last_insert_rowid())
+            )?
+            .int(0)
+        })
+    }
+
+    /// Takes the lease of run `run_id` on each of `lanes` for `ttl`, all or none: a lane whose
+    /// lease another live run holds refuses with [`StoreError::LeaseHeld`]. Leases of runs
+    /// whose runner died are taken over once they lapse.
+    pub fn acquire_leases(
+        &self,
+        run_id: i64,
+        lanes: &[String],
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let now = now();
+        let until = later(ttl);
+        let runner = runner();
+        let held = self.db(|db| {
+            let taken = transaction(db, true, |db| {
+                for lane in lanes {
+                    let taken = db.query_opt(
+                        "INSERT INTO leases (lane, run_id, runner, until) VALUES (?1, ?2, ?3, ?4)
+                         ON CONFLICT (lane) DO UPDATE SET run_id = excluded.run_id,
+                             runner = excluded.runner, until = excluded.until
+                         WHERE leases.until < ?5
+                         RETURNING run_id",
+                        params![
+                            lane.as_str(),
+                            run_id,
+                            runner.as_str(),
+                            until.as_str(),
+                            now.as_str()
+                        ],
+                    )?;
+                    if taken.is_none() {
+                        return Err(DbError::Refused(lane.clone()));
+                    }
+                }
+                db.execute(
+                    "UPDATE runs SET lease_until = ?2 WHERE id = ?1",
+                    params![run_id, until.as_str()],
+                )?;
+                Ok(())
+            });
+            match taken {
+                Ok(()) => Ok(None),
+                Err(DbError::Refused(lane)) => {
+                    let holder = db.query_opt(
+                        "SELECT lane, run_id, runner, until FROM leases WHERE lane = ?1",
+                        params![lane.as_str()],
+                    )?;
+                    Ok(Some(match holder {
+                        Some(row) => lease_row(&row)?,
+                        None => LeaseRow {
+                            lane,
+                            run_id: 0,
+                            runner: "a runner that has just finished".into(),
+                            until: now.clone(),
+                        },
+                    }))
+                }
+                Err(err) => Err(err),
+            }
+        })?;
+        match held {
+            None => Ok(()),
+            Some(lease) => Err(StoreError::LeaseHeld {
+                lane: lease.lane,
+                holder: lease.runner,
+                run_id: lease.run_id,
+                until: lease.until,
+            }),
+        }
+    }
+
+    /// Extends the leases of `run_id` by `ttl` from now; returns how many it still held (fewer
+    /// than it took means another runner took a lapsed one over).
+    pub fn renew_leases(&self, run_id: i64, ttl: Duration) -> Result<u64, StoreError> {
+        let until = later(ttl);
+        self.db(|db| {
+            transaction(db, true, |db| {
+                let renewed = db.execute(
+                    "UPDATE leases SET until = ?2 WHERE run_id = ?1",
+                    params![run_id, until.as_str()],
+                )?;
+                db.execute(
+                    "UPDATE runs SET lease_until = ?2 WHERE id = ?1 AND status = 'running'",
+                    params![run_id, until.as_str()],
+                )?;
+                Ok(renewed)
+            })
+        })
+    }
+
+    /// Gives up the leases of `run_id`.
+    pub fn release_leases(&self, run_id: i64) -> Result<(), StoreError> {
+        self.db(|db| {
+            db.execute("DELETE FROM leases WHERE run_id = ?1", params![run_id])?;
+            Ok(())
+        })
+    }
+
+    /// The live lease on `lane`, if a runner holds one.
+    pub fn live_lease(&self, lane: &str) -> Result<Option<LeaseRow>, StoreError> {
+        let now = now();
+        self.db(|db| {
+            db.query_opt(
+                "SELECT lane, run_id, runner, until FROM leases WHERE lane = ?1 AND until >= ?2",
+                params![lane, now.as_str()],
+            )?
+            .map(|row| lease_row(&row))
+            .transpose()
+        })
     }
 
     /// Commits one result (and its output text, once) in its own transaction.
@@ -418,17 +738,22 @@ impl Store {
         run_id: i64,
         results: &[NewResult<'_>],
     ) -> Result<(), StoreError> {
-        let sql = sqlite_error(&self.path);
-        // Immediate: the write lock is taken before the first read, so another connection's
-        // commit in between cannot turn this into a busy error that no timeout retries.
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sql)?;
-        for result in results {
-            insert_result(&tx, run_id, result).map_err(sql)?;
-        }
-        tx.commit().map_err(sql)
+        let committed = chrono::Utc::now();
+        self.db(|db| {
+            transaction(db, true, |db| {
+                let started = db
+                    .query_opt("SELECT started_at FROM runs WHERE id = ?1", params![run_id])?
+                    .map(|row| row.text(0))
+                    .transpose()?;
+                let at_ms = started
+                    .and_then(|s| chrono::DateTime::parse_from_rfc3339(&s).ok())
+                    .map_or(0, |s| (committed - s.to_utc()).num_milliseconds().max(0));
+                for result in results {
+                    insert_result(db, run_id, at_ms, result)?;
+                }
+                Ok(())
+            })
+        })
     }
 
     /// Stores the verdicts of a run (replacing any earlier ones) and ends it.
@@ -439,115 +764,112 @@ impl Store {
         lanes: &[LaneVerdictRow],
         exit_code: i32,
     ) -> Result<(), StoreError> {
-        let sql = sqlite_error(&self.path);
-        let tx = self.conn.transaction().map_err(sql)?;
-        tx.execute("DELETE FROM verdicts WHERE run_id = ?1", [run_id])
-            .map_err(sql)?;
-        tx.execute("DELETE FROM lane_verdicts WHERE run_id = ?1", [run_id])
-            .map_err(sql)?;
-        for item in items {
-            let reasons = (!item.reasons.is_empty())
-                .then(|| serde_json::to_string(&item.reasons).unwrap_or_default());
-            let ids = (|| {
-                Ok::<_, rusqlite::Error>((
-                    word(&tx, &item.lane)?,
-                    word(&tx, &item.prompt_id)?,
-                    word(&tx, &item.verdict)?,
-                    item.mode.as_deref().map(|m| word(&tx, m)).transpose()?,
-                ))
-            })()
-            .map_err(sql)?;
-            tx.prepare_cached(
-                "INSERT INTO verdicts (run_id, lane, prompt, verdict, similarity, review, reasons,
-                     mode, p_value)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            )
-            .and_then(|mut insert| {
-                insert.execute(params![
-                    run_id,
-                    ids.0,
-                    ids.1,
-                    ids.2,
-                    item.similarity,
-                    item.review,
-                    reasons,
-                    ids.3,
-                    item.p_value
-                ])
+        let finished = now();
+        self.db(|db| {
+            transaction(db, true, |db| {
+                db.execute("DELETE FROM verdicts WHERE run_id = ?1", params![run_id])?;
+                db.execute(
+                    "DELETE FROM lane_verdicts WHERE run_id = ?1",
+                    params![run_id],
+                )?;
+                for item in items {
+                    let reasons = (!item.reasons.is_empty())
+                        .then(|| serde_json::to_string(&item.reasons).unwrap_or_default());
+                    let lane = word(db, &item.lane)?;
+                    let prompt = word(db, &item.prompt_id)?;
+                    let verdict = word(db, &item.verdict)?;
+                    let mode = item.mode.as_deref().map(|m| word(db, m)).transpose()?;
+                    db.execute(
+                        "INSERT INTO verdicts (run_id, lane, prompt, verdict, similarity, review,
+                             reasons, mode, p_value)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                        params![
+                            run_id,
+                            lane,
+                            prompt,
+                            verdict,
+                            item.similarity,
+                            item.review,
+                            reasons.as_deref(),
+                            mode,
+                            item.p_value
+                        ],
+                    )?;
+                }
+                for lane in lanes {
+                    db.execute(
+                        "INSERT INTO lane_verdicts (run_id, lane, verdict, reasons, p_value)
+                         VALUES (?1, ?2, ?3, ?4, ?5)",
+                        params![
+                            run_id,
+                            lane.lane.as_str(),
+                            lane.verdict.as_str(),
+                            serde_json::to_string(&lane.reasons)
+                                .unwrap_or_default()
+                                .as_str(),
+                            lane.p_value
+                        ],
+                    )?;
+                }
+                db.execute(
+                    "UPDATE runs SET status = 'finished', finished_at = ?2, exit_code = ?3
+                     WHERE id = ?1",
+                    params![run_id, finished.as_str(), i64::from(exit_code)],
+                )?;
+                db.execute("DELETE FROM leases WHERE run_id = ?1", params![run_id])?;
+                Ok(())
             })
-            .map_err(sql)?;
-        }
-        for lane in lanes {
-            tx.execute(
-                "INSERT INTO lane_verdicts (run_id, lane, verdict, reasons, p_value)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![
-                    run_id,
-                    lane.lane,
-                    lane.verdict,
-                    serde_json::to_string(&lane.reasons).unwrap_or_default(),
-                    lane.p_value
-                ],
-            )
-            .map_err(sql)?;
-        }
-        tx.execute(
-            "UPDATE runs SET status = 'finished', finished_at = ?2, exit_code = ?3 WHERE id = ?1",
-            params![run_id, now(), exit_code],
-        )
-        .map_err(sql)?;
-        tx.commit().map_err(sql)
+        })
     }
 
     /// The run with `id`, or the latest run that has results when `id` is `None`.
     pub fn run(&self, id: Option<i64>) -> Result<RunRow, StoreError> {
-        let row = match id {
-            Some(id) => self
-                .conn
-                .query_row(&format!("{RUN_SELECT} WHERE id = ?1"), [id], run_row)
-                .optional()
-                .map_err(|e| self.err(e))?
-                .ok_or(StoreError::NoSuchRun(id))?,
-            None => self
-                .conn
-                .query_row(
-                    &format!("{RUN_SELECT} WHERE EXISTS (SELECT 1 FROM results r WHERE r.run_id = runs.id) ORDER BY id DESC LIMIT 1"),
-                    [],
-                    run_row,
-                )
-                .optional()
-                .map_err(|e| self.err(e))?
-                .ok_or(StoreError::NoRuns)?,
-        };
-        Ok(row)
+        let row = self.db(|db| match id {
+            Some(id) => db
+                .query_opt(&format!("{RUN_SELECT} WHERE id = ?1"), params![id])?
+                .map(|row| run_row(&row))
+                .transpose(),
+            None => db
+                .query_opt(
+                    &format!(
+                        "{RUN_SELECT} WHERE EXISTS (SELECT 1 FROM results r WHERE r.run_id = runs.id)
+                         ORDER BY id DESC LIMIT 1"
+                    ),
+                    params![],
+                )?
+                .map(|row| run_row(&row))
+                .transpose(),
+        })?;
+        row.ok_or(match id {
+            Some(id) => StoreError::NoSuchRun(id),
+            None => StoreError::NoRuns,
+        })
     }
 
     /// The latest runs, newest first.
     pub fn runs(&self, limit: usize) -> Result<Vec<RunRow>, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare(&format!("{RUN_SELECT} ORDER BY id DESC LIMIT ?1"))
-            .map_err(|e| self.err(e))?;
-        let rows = stmt
-            .query_map([limit as i64], run_row)
-            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| self.err(e))?;
-        Ok(rows)
+        self.db(|db| {
+            db.query(
+                &format!("{RUN_SELECT} ORDER BY id DESC LIMIT ?1"),
+                params![limit as i64],
+            )?
+            .iter()
+            .map(run_row)
+            .collect()
+        })
     }
 
     /// The latest runs up to `run_id` (included), newest first.
     pub fn runs_through(&self, run_id: i64, limit: usize) -> Result<Vec<RunRow>, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare(&format!(
-                "{RUN_SELECT} WHERE id <= ?1 ORDER BY id DESC LIMIT ?2"
-            ))
-            .map_err(|e| self.err(e))?;
-        let rows = stmt
-            .query_map(params![run_id, limit as i64], run_row)
-            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| self.err(e))?;
-        Ok(rows)
+        self.db(|db| {
+            db.query(
+                &format!("{RUN_SELECT} WHERE id <= ?1 ORDER BY id DESC LIMIT ?2"),
+                params![run_id, limit as i64],
+            )?
+            .iter()
+            .map(run_row)
+            .collect()
+        })
     }
 
     /// Every result of a run, in lane, prompt, sample order.
@@ -567,46 +889,44 @@ impl Store {
         let (column, join) = if text {
             ("t.text", "LEFT JOIN texts t ON t.id = r.output")
         } else {
-            ("NULL", "")
+            ("CAST(NULL AS TEXT)", "")
         };
-        let mut stmt = self
-            .conn
-            .prepare_cached(&format!(
-                "SELECT r.run_id, l.word, p.word, pv.hash, r.sample, s.outcome, {column}, s.model,
-                        s.fingerprint, s.finish_reason, r.completion_tokens, r.queue_ms,
-                        r.call_ms, r.error
-                 FROM results r
-                 JOIN words l ON l.id = r.lane
-                 JOIN prompt_versions pv ON pv.id = r.prompt
-                 JOIN words p ON p.id = pv.prompt
-                 JOIN served_as s ON s.id = r.served
-                 {join}
-                 WHERE r.run_id = ?1 AND (?2 IS NULL OR p.word = ?2)
-                 ORDER BY l.word, p.word, r.sample"
-            ))
-            .map_err(|e| self.err(e))?;
-        let rows = stmt
-            .query_map(params![run_id, prompt], |row| {
-                Ok(StoredResult {
-                    run_id: row.get(0)?,
-                    lane: row.get(1)?,
-                    prompt_id: row.get(2)?,
-                    prompt_hash: row.get(3)?,
-                    sample: row.get(4)?,
-                    outcome: row.get(5)?,
-                    output: row.get(6)?,
-                    model: row.get(7)?,
-                    fingerprint: row.get(8)?,
-                    finish_reason: row.get(9)?,
-                    completion_tokens: row.get(10)?,
-                    queue_ms: row.get(11)?,
-                    call_ms: row.get(12)?,
-                    error: row.get(13)?,
+        let sql = format!(
+            "SELECT r.run_id, l.word, p.word, pv.hash, r.sample, s.outcome, {column}, s.model,
+                    s.fingerprint, s.finish_reason, r.completion_tokens, r.queue_ms,
+                    r.call_ms, r.error
+             FROM results r
+             JOIN words l ON l.id = r.lane
+             JOIN prompt_versions pv ON pv.id = r.prompt
+             JOIN words p ON p.id = pv.prompt
+             JOIN served_as s ON s.id = r.served
+             {join}
+             WHERE r.run_id = ?1 AND (CAST(?2 AS TEXT) IS NULL OR p.word = ?2)
+             ORDER BY l.word, p.word, r.sample"
+        );
+        self.db(|db| {
+            db.query(&sql, params![run_id, prompt])?
+                .iter()
+                .map(|row| {
+                    Ok(StoredResult {
+                        run_id: row.int(0)?,
+                        lane: row.text(1)?,
+                        prompt_id: row.text(2)?,
+                        prompt_hash: row.text(3)?,
+                        sample: row.int(4)?,
+                        outcome: row.text(5)?,
+                        output: row.opt_text(6)?,
+                        model: row.opt_text(7)?,
+                        fingerprint: row.opt_text(8)?,
+                        finish_reason: row.opt_text(9)?,
+                        completion_tokens: row.opt_int(10)?,
+                        queue_ms: row.int(11)?,
+                        call_ms: row.int(12)?,
+                        error: row.opt_text(13)?,
+                    })
                 })
-            })
-            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| self.err(e))?;
-        Ok(rows)
+                .collect()
+        })
     }
 
     /// The verdicts stored for a run.
@@ -620,9 +940,8 @@ impl Store {
         run_id: i64,
         prompt: Option<&str>,
     ) -> Result<Vec<VerdictRow>, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare_cached(
+        self.db(|db| {
+            db.query(
                 "SELECT l.word, p.word, w.word, v.similarity, v.review, v.reasons, m.word,
                         v.p_value
                  FROM verdicts v
@@ -630,29 +949,28 @@ impl Store {
                  JOIN words p ON p.id = v.prompt
                  JOIN words w ON w.id = v.verdict
                  LEFT JOIN words m ON m.id = v.mode
-                 WHERE v.run_id = ?1 AND (?2 IS NULL OR p.word = ?2)
+                 WHERE v.run_id = ?1 AND (CAST(?2 AS TEXT) IS NULL OR p.word = ?2)
                  ORDER BY l.word, p.word",
-            )
-            .map_err(|e| self.err(e))?;
-        let rows = stmt
-            .query_map(params![run_id, prompt], |row| {
-                let reasons: Option<String> = row.get(5)?;
+                params![run_id, prompt],
+            )?
+            .iter()
+            .map(|row| {
                 Ok(VerdictRow {
-                    lane: row.get(0)?,
-                    prompt_id: row.get(1)?,
-                    verdict: row.get(2)?,
-                    similarity: row.get(3)?,
-                    review: row.get(4)?,
-                    reasons: reasons
+                    lane: row.text(0)?,
+                    prompt_id: row.text(1)?,
+                    verdict: row.text(2)?,
+                    similarity: row.opt_real(3)?,
+                    review: row.bool(4)?,
+                    reasons: row
+                        .opt_text(5)?
                         .map(|r| serde_json::from_str(&r).unwrap_or_default())
                         .unwrap_or_default(),
-                    mode: row.get(6)?,
-                    p_value: row.get(7)?,
+                    mode: row.opt_text(6)?,
+                    p_value: row.opt_real(7)?,
                 })
             })
-            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| self.err(e))?;
-        Ok(rows)
+            .collect()
+        })
     }
 
     /// Lane verdicts stored for a run.
@@ -673,133 +991,195 @@ impl Store {
         )
     }
 
-    fn lane_verdicts_where<P: rusqlite::Params>(
+    fn lane_verdicts_where(
         &self,
         filter: &str,
-        params: P,
+        params: &[Param<'_>],
     ) -> Result<Vec<LaneVerdictRow>, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare(&format!(
-                "SELECT run_id, lane, verdict, reasons, p_value FROM lane_verdicts WHERE {filter}"
-            ))
-            .map_err(|e| self.err(e))?;
-        let rows = stmt
-            .query_map(params, |row| {
-                let reasons: String = row.get(3)?;
-                Ok(LaneVerdictRow {
-                    run_id: row.get(0)?,
-                    lane: row.get(1)?,
-                    verdict: row.get(2)?,
-                    reasons: serde_json::from_str(&reasons).unwrap_or_default(),
-                    p_value: row.get(4)?,
+        let sql = format!(
+            "SELECT run_id, lane, verdict, reasons, p_value FROM lane_verdicts WHERE {filter}"
+        );
+        self.db(|db| {
+            db.query(&sql, params)?
+                .iter()
+                .map(|row| {
+                    Ok(LaneVerdictRow {
+                        run_id: row.int(0)?,
+                        lane: row.text(1)?,
+                        verdict: row.text(2)?,
+                        reasons: serde_json::from_str(&row.text(3)?).unwrap_or_default(),
+                        p_value: row.opt_real(4)?,
+                    })
                 })
-            })
-            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| self.err(e))?;
-        Ok(rows)
+                .collect()
+        })
+    }
+
+    /// The newest verdicts of `lane` from a finished run started at or after `since` (RFC
+    /// 3339) other than `except_run`: what another runner judged of a lane this run did not
+    /// measure. Returns the run and its verdicts.
+    pub fn latest_verdicts_of_lane(
+        &self,
+        lane: &str,
+        since: &str,
+        except_run: i64,
+    ) -> Result<Option<(i64, Vec<VerdictRow>)>, StoreError> {
+        let run = self.db(|db| {
+            db.query_opt(
+                "SELECT DISTINCT v.run_id FROM verdicts v
+                 JOIN words l ON l.id = v.lane
+                 JOIN runs ON runs.id = v.run_id
+                 WHERE l.word = ?1 AND runs.status = 'finished' AND runs.started_at >= ?2
+                     AND runs.id != ?3
+                 ORDER BY v.run_id DESC LIMIT 1",
+                params![lane, since, except_run],
+            )?
+            .map(|row| row.int(0))
+            .transpose()
+        })?;
+        let Some(run) = run else { return Ok(None) };
+        let verdicts = self
+            .verdicts(run)?
+            .into_iter()
+            .filter(|v| v.lane == lane)
+            .collect();
+        Ok(Some((run, verdicts)))
     }
 
     /// Stores a pending alert; returns its id.
     pub fn insert_alert(&self, alert: &NewAlert<'_>) -> Result<i64, StoreError> {
-        self.conn
-            .execute(
-                "INSERT INTO alerts (run_id, lane, kind, signature, channel, status, subject,
-                     body_text, body_html, created_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?9)",
-                params![
-                    alert.run_id,
-                    alert.lane,
-                    alert.kind,
-                    alert.signature,
-                    alert.channel,
-                    alert.subject,
-                    alert.body_text,
-                    alert.body_html,
-                    now()
-                ],
-            )
-            .map_err(|e| self.err(e))?;
-        Ok(self.conn.last_insert_rowid())
+        self.db(|db| insert_alert(db, alert))
     }
 
-    /// Records a delivery attempt: sent, or still pending with the error.
+    /// Stores `alerts` of `lane` only if the lane's newest alert is still `expected` (its id,
+    /// `None` for none): the check and the inserts are one transaction, under a lock on the
+    /// lane, so two runners that judged the same lane state raise its alert once. Returns the
+    /// new ids, or `None` when another runner raised one first (decide again).
+    pub fn insert_alerts_if_last(
+        &self,
+        lane: &str,
+        expected: Option<i64>,
+        alerts: &[NewAlert<'_>],
+    ) -> Result<Option<Vec<i64>>, StoreError> {
+        let lock_key = lane_lock_key(lane);
+        self.db(|db| {
+            transaction(db, true, |db| {
+                if db.dialect() == Dialect::Postgres {
+                    db.execute("SELECT pg_advisory_xact_lock(?1)", params![lock_key])?;
+                }
+                let last = db
+                    .query_one("SELECT MAX(id) FROM alerts WHERE lane = ?1", params![lane])?
+                    .opt_int(0)?;
+                if last != expected {
+                    return Ok(None);
+                }
+                alerts
+                    .iter()
+                    .map(|alert| insert_alert(db, alert))
+                    .collect::<Result<Vec<i64>, _>>()
+                    .map(Some)
+            })
+        })
+    }
+
+    /// Claims a pending alert for delivery by this runner for `ttl`: `true` when this runner
+    /// is the one to send it; `false` when it was sent or another runner holds a live claim.
+    pub fn claim_alert(&self, id: i64, ttl: Duration) -> Result<bool, StoreError> {
+        let now = now();
+        let until = later(ttl);
+        let runner = runner();
+        self.db(|db| {
+            Ok(db.execute(
+                "UPDATE alerts SET claimed_by = ?2, claimed_until = ?3
+                 WHERE id = ?1 AND status = 'pending'
+                     AND (claimed_until IS NULL OR claimed_until < ?4)",
+                params![id, runner.as_str(), until.as_str(), now.as_str()],
+            )? == 1)
+        })
+    }
+
+    /// Records a delivery attempt: sent, or still pending with the error. Either way the
+    /// claim on it ends.
     pub fn record_delivery(&self, id: i64, error: Option<&str>) -> Result<(), StoreError> {
-        let result = match error {
-            None => self.conn.execute(
-                "UPDATE alerts SET status = 'sent', sent_at = ?2, error = NULL,
-                     attempts = attempts + 1 WHERE id = ?1",
-                params![id, now()],
-            ),
-            Some(error) => self.conn.execute(
-                "UPDATE alerts SET error = ?2, attempts = attempts + 1 WHERE id = ?1",
-                params![id, error],
-            ),
-        };
-        result.map(|_| ()).map_err(|e| self.err(e))
+        let sent_at = now();
+        self.db(|db| {
+            match error {
+                None => db.execute(
+                    "UPDATE alerts SET status = 'sent', sent_at = ?2, error = NULL,
+                         attempts = attempts + 1, claimed_by = NULL, claimed_until = NULL
+                     WHERE id = ?1",
+                    params![id, sent_at.as_str()],
+                )?,
+                Some(error) => db.execute(
+                    "UPDATE alerts SET error = ?2, attempts = attempts + 1, claimed_by = NULL,
+                         claimed_until = NULL
+                     WHERE id = ?1",
+                    params![id, error],
+                )?,
+            };
+            Ok(())
+        })
     }
 
     /// Alerts not delivered yet, oldest first.
     pub fn pending_alerts(&self) -> Result<Vec<AlertRow>, StoreError> {
-        self.alerts_where("status = 'pending' ORDER BY id", [])
+        self.alerts_where("status = 'pending' ORDER BY id", params![])
     }
 
     /// The newest alert raised for a lane (any channel, sent or pending).
     pub fn last_alert(&self, lane: &str) -> Result<Option<AlertRow>, StoreError> {
         Ok(self
-            .alerts_where("lane = ?1 ORDER BY id DESC LIMIT 1", [lane])?
+            .alerts_where("lane = ?1 ORDER BY id DESC LIMIT 1", params![lane])?
             .pop())
     }
 
     /// Every alert of a run.
     pub fn alerts_of_run(&self, run_id: i64) -> Result<Vec<AlertRow>, StoreError> {
-        self.alerts_where("run_id = ?1 ORDER BY id", [run_id])
+        self.alerts_where("run_id = ?1 ORDER BY id", params![run_id])
     }
 
-    fn alerts_where<P: rusqlite::Params>(
+    fn alerts_where(
         &self,
         filter: &str,
-        params: P,
+        params: &[Param<'_>],
     ) -> Result<Vec<AlertRow>, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare(&format!(
-                "SELECT id, run_id, lane, kind, signature, channel, status, subject, body_text,
-                        body_html, error, attempts, created_at FROM alerts WHERE {filter}"
-            ))
-            .map_err(|e| self.err(e))?;
-        let rows = stmt
-            .query_map(params, |row| {
-                Ok(AlertRow {
-                    id: row.get(0)?,
-                    run_id: row.get(1)?,
-                    lane: row.get(2)?,
-                    kind: row.get(3)?,
-                    signature: row.get(4)?,
-                    channel: row.get(5)?,
-                    status: row.get(6)?,
-                    subject: row.get(7)?,
-                    body_text: row.get(8)?,
-                    body_html: row.get(9)?,
-                    error: row.get(10)?,
-                    attempts: row.get(11)?,
-                    created_at: row.get(12)?,
+        let sql = format!(
+            "SELECT id, run_id, lane, kind, signature, channel, status, subject, body_text,
+                    body_html, error, attempts, created_at FROM alerts WHERE {filter}"
+        );
+        self.db(|db| {
+            db.query(&sql, params)?
+                .iter()
+                .map(|row| {
+                    Ok(AlertRow {
+                        id: row.int(0)?,
+                        run_id: row.int(1)?,
+                        lane: row.text(2)?,
+                        kind: row.text(3)?,
+                        signature: row.text(4)?,
+                        channel: row.text(5)?,
+                        status: row.text(6)?,
+                        subject: row.text(7)?,
+                        body_text: row.text(8)?,
+                        body_html: row.text(9)?,
+                        error: row.opt_text(10)?,
+                        attempts: row.int(11)?,
+                        created_at: row.text(12)?,
+                    })
                 })
-            })
-            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| self.err(e))?;
-        Ok(rows)
+                .collect()
+        })
     }
 
     /// Counts of stored rows: (results, distinct outputs), for reports and tests of dedup.
     pub fn counts(&self) -> Result<(i64, i64), StoreError> {
-        self.conn
-            .query_row(
+        self.db(|db| {
+            let row = db.query_one(
                 "SELECT (SELECT COUNT(*) FROM results), (SELECT COUNT(*) FROM texts)",
-                [],
-                |row| Ok((row.get(0)?, row.get(1)?)),
-            )
-            .map_err(|e| self.err(e))
+                params![],
+            )?;
+            Ok((row.int(0)?, row.int(1)?))
+        })
     }
 
     /// Removes runs started before `cutoff` (RFC 3339) with their results, verdicts and sent
@@ -813,149 +1193,242 @@ impl Store {
         keep: &[i64],
         dry_run: bool,
     ) -> Result<Pruned, StoreError> {
-        let sql = sqlite_error(&self.path);
-        let tx = self.conn.transaction().map_err(sql)?;
-        tx.execute(
-            "CREATE TEMP TABLE doomed AS SELECT id FROM runs
-             WHERE started_at < ?1 AND status != 'running'
-               AND id NOT IN (SELECT value FROM json_each(?2))
-               AND id < (SELECT MAX(id) FROM runs)
-               AND id NOT IN (SELECT run_id FROM alerts WHERE status = 'pending')
-               AND id NOT IN (SELECT run_id FROM alerts
-                              WHERE id IN (SELECT MAX(id) FROM alerts GROUP BY lane))",
-            params![cutoff, serde_json::to_string(keep).unwrap_or_default()],
-        )
-        .map_err(sql)?;
-        let count =
-            |query: &str| -> rusqlite::Result<i64> { tx.query_row(query, [], |row| row.get(0)) };
-        let mut pruned = Pruned {
-            runs: count("SELECT COUNT(*) FROM doomed").map_err(sql)?,
-            results: count("SELECT COUNT(*) FROM results WHERE run_id IN (SELECT id FROM doomed)")
-                .map_err(sql)?,
-            texts: 0,
+        // Integers only, so the list is written into the statement as it is.
+        let keep = keep
+            .iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let keep = if keep.is_empty() {
+            "NULL".to_owned()
+        } else {
+            keep
         };
-        if dry_run {
-            pruned.texts = count(
-                "SELECT COUNT(*) FROM texts WHERE id NOT IN
-                     (SELECT output FROM results WHERE output IS NOT NULL
-                          AND run_id NOT IN (SELECT id FROM doomed))",
-            )
-            .map_err(sql)?;
-            // Rolled back, the temporary table with it.
-            drop(tx);
-            return Ok(pruned);
-        }
-        tx.execute_batch(
-            "DELETE FROM alerts WHERE run_id IN (SELECT id FROM doomed);
-             DELETE FROM verdicts WHERE run_id IN (SELECT id FROM doomed);
-             DELETE FROM lane_verdicts WHERE run_id IN (SELECT id FROM doomed);
-             DELETE FROM results WHERE run_id IN (SELECT id FROM doomed);
-             DELETE FROM runs WHERE id IN (SELECT id FROM doomed);",
-        )
-        .map_err(sql)?;
-        pruned.texts = tx
-            .execute(
-                "DELETE FROM texts WHERE id NOT IN
-                     (SELECT output FROM results WHERE output IS NOT NULL)",
-                [],
-            )
-            .map_err(sql)? as i64;
-        tx.execute_batch("DROP TABLE temp.doomed").map_err(sql)?;
-        tx.commit().map_err(sql)?;
-        // Fold the log back into the file, so the freed pages show as free space in it rather
-        // than as a log as large as what was removed. The prune is committed either way: a
-        // reader holding the log open only postpones this to SQLite's next checkpoint.
-        if let Err(err) = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);") {
-            tracing::debug!("checkpoint after prune postponed: {err}");
+        let pruned = self.db(|db| {
+            let (create, drop) = match db.dialect() {
+                Dialect::Sqlite => (
+                    "CREATE TEMP TABLE doomed (id INTEGER PRIMARY KEY)",
+                    "DROP TABLE temp.doomed",
+                ),
+                Dialect::Postgres => (
+                    "CREATE TEMP TABLE doomed (id BIGINT PRIMARY KEY)",
+                    "DROP TABLE doomed",
+                ),
+            };
+            db.batch(match db.dialect() {
+                Dialect::Sqlite => "BEGIN IMMEDIATE",
+                Dialect::Postgres => "BEGIN",
+            })?;
+            let result = prune_in(db, create, cutoff, &keep, dry_run);
+            match (&result, dry_run) {
+                (Ok(_), false) => {
+                    db.batch(drop)?;
+                    db.batch("COMMIT")?;
+                }
+                // Rolled back, the temporary table with it.
+                _ => {
+                    let _ = db.batch("ROLLBACK");
+                }
+            }
+            result
+        })?;
+        if let (false, Backend::Sqlite(conn)) = (dry_run, &self.backend) {
+            // Fold the log back into the file, so the freed pages show as free space in it
+            // rather than as a log as large as what was removed. The prune is committed either
+            // way: a reader holding the log open only postpones this to SQLite's next
+            // checkpoint.
+            if let Err(err) = conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);") {
+                tracing::debug!("checkpoint after prune postponed: {err}");
+            }
         }
         Ok(pruned)
     }
 
-    /// Rewrites the file without its free pages (SQLite's `VACUUM`), so it shrinks after a prune.
+    /// Rewrites the store without its free space (`VACUUM`), so it shrinks after a prune.
     pub fn vacuum(&self) -> Result<(), StoreError> {
-        self.conn
-            .execute_batch("VACUUM; PRAGMA wal_checkpoint(TRUNCATE);")
-            .map_err(|e| self.err(e))
+        self.db(|db| match db.dialect() {
+            Dialect::Sqlite => db.batch("VACUUM; PRAGMA wal_checkpoint(TRUNCATE);"),
+            Dialect::Postgres => db.batch("VACUUM"),
+        })
     }
 
-    /// Bytes the store takes on disk: the database file and its write-ahead log.
+    /// Bytes the store takes on disk: the database file and its write-ahead log, or the
+    /// PostgreSQL tables with their indexes.
     pub fn disk_bytes(&self) -> u64 {
-        let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
-        let mut wal = self.path.clone().into_os_string();
-        wal.push("-wal");
-        size(&self.path) + size(Path::new(&wal))
+        match (&self.backend, &self.location) {
+            (Backend::Sqlite(_), StoreLocation::Sqlite(path)) => {
+                let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+                let mut wal = path.clone().into_os_string();
+                wal.push("-wal");
+                size(path) + size(Path::new(&wal))
+            }
+            _ => self
+                .db(|db| {
+                    db.query_one(
+                        "SELECT CAST(COALESCE(SUM(pg_total_relation_size(c.oid)), 0) AS BIGINT)
+                         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                         WHERE n.nspname = current_schema() AND c.relkind = 'r'",
+                        params![],
+                    )?
+                    .int(0)
+                })
+                .map_or(0, |bytes| bytes.max(0) as u64),
+        }
     }
 
-    /// SQLite's own consistency check; `ok` when the file is sound.
+    /// The engine's own consistency check; `ok` when the store is sound. PostgreSQL checks
+    /// itself as it writes, so there it is `ok` once the store answers.
     pub fn integrity_check(&self) -> Result<String, StoreError> {
-        self.conn
-            .query_row("PRAGMA integrity_check", [], |row| row.get(0))
-            .map_err(|e| self.err(e))
+        self.db(|db| match db.dialect() {
+            Dialect::Sqlite => db.query_one("PRAGMA integrity_check", params![])?.text(0),
+            Dialect::Postgres => {
+                db.query_one("SELECT 1", params![])?;
+                Ok("ok".into())
+            }
+        })
+    }
+
+    /// Runs `work` against the database, for the store's own modules (`copy`).
+    pub(crate) fn with_db<R: Send>(
+        &self,
+        work: impl FnOnce(&mut dyn Db) -> Result<R, DbError> + Send,
+    ) -> Result<R, StoreError> {
+        self.db(work)
     }
 }
 
-/// Wraps SQLite's errors with the store's path; usable while a transaction borrows the
-/// connection.
-fn sqlite_error(path: &Path) -> impl Fn(rusqlite::Error) -> StoreError + Copy + '_ {
-    move |source| StoreError::Sqlite {
-        path: path.to_path_buf(),
-        source,
+fn prune_in(
+    db: &mut dyn Db,
+    create: &str,
+    cutoff: &str,
+    keep: &str,
+    dry_run: bool,
+) -> Result<Pruned, DbError> {
+    db.batch(create)?;
+    db.execute(
+        &format!(
+            "INSERT INTO doomed (id) SELECT id FROM runs
+             WHERE started_at < ?1 AND status != 'running'
+               AND id NOT IN ({keep})
+               AND id < (SELECT MAX(id) FROM runs)
+               AND id NOT IN (SELECT run_id FROM alerts WHERE status = 'pending')
+               AND id NOT IN (SELECT run_id FROM alerts
+                              WHERE id IN (SELECT MAX(id) FROM alerts GROUP BY lane))"
+        ),
+        params![cutoff],
+    )?;
+    let mut count =
+        |query: &str| -> Result<i64, DbError> { db.query_one(query, params![])?.int(0) };
+    let mut pruned = Pruned {
+        runs: count("SELECT COUNT(*) FROM doomed")?,
+        results: count("SELECT COUNT(*) FROM results WHERE run_id IN (SELECT id FROM doomed)")?,
+        texts: 0,
+    };
+    if dry_run {
+        pruned.texts = count(
+            "SELECT COUNT(*) FROM texts WHERE id NOT IN
+                 (SELECT output FROM results WHERE output IS NOT NULL
+                      AND run_id NOT IN (SELECT id FROM doomed))",
+        )?;
+        return Ok(pruned);
     }
+    db.batch(
+        "DELETE FROM alerts WHERE run_id IN (SELECT id FROM doomed);
+         DELETE FROM verdicts WHERE run_id IN (SELECT id FROM doomed);
+         DELETE FROM lane_verdicts WHERE run_id IN (SELECT id FROM doomed);
+         DELETE FROM results WHERE run_id IN (SELECT id FROM doomed);
+         DELETE FROM leases WHERE run_id IN (SELECT id FROM doomed);
+         DELETE FROM runs WHERE id IN (SELECT id FROM doomed);",
+    )?;
+    pruned.texts = db.execute(
+        "DELETE FROM texts WHERE id NOT IN
+             (SELECT output FROM results WHERE output IS NOT NULL)",
+        params![],
+    )? as i64;
+    Ok(pruned)
 }
 
-/// Commits one result inside `tx`, storing what repeats once.
-fn insert_result(tx: &Connection, run_id: i64, result: &NewResult<'_>) -> rusqlite::Result<()> {
-    let lane = word(tx, result.lane)?;
-    let prompt = prompt_version(tx, word(tx, result.prompt_id)?, result.prompt_hash)?;
-    let served = served_as(tx, result)?;
-    let output = result.output.map(|text| text_id(tx, text)).transpose()?;
-    tx.prepare_cached(
+/// Commits one result, storing what repeats once.
+fn insert_result(
+    db: &mut dyn Db,
+    run_id: i64,
+    at_ms: i64,
+    result: &NewResult<'_>,
+) -> Result<(), DbError> {
+    let lane = word(db, result.lane)?;
+    let prompt_word = word(db, result.prompt_id)?;
+    let prompt = prompt_version(db, prompt_word, result.prompt_hash)?;
+    let served = served_as(db, result)?;
+    let output = result.output.map(|text| text_id(db, text)).transpose()?;
+    db.execute(
         "INSERT INTO results (run_id, lane, prompt, sample, served, output, prompt_tokens,
              completion_tokens, queue_ms, call_ms, error, at_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11,
-             (SELECT MAX(0, CAST(ROUND((julianday('now') - julianday(started_at)) * 86400000)
-                 AS INTEGER)) FROM runs WHERE id = ?1))",
-    )?
-    .execute(params![
-        run_id,
-        lane,
-        prompt,
-        result.sample,
-        served,
-        output,
-        result.prompt_tokens.map(|t| t as i64),
-        result.completion_tokens.map(|t| t as i64),
-        result.queue_ms as i64,
-        result.call_ms as i64,
-        result.error,
-    ])?;
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+        params![
+            run_id,
+            lane,
+            prompt,
+            result.sample,
+            served,
+            output,
+            result.prompt_tokens.map(|t| t as i64),
+            result.completion_tokens.map(|t| t as i64),
+            result.queue_ms as i64,
+            result.call_ms as i64,
+            result.error,
+            at_ms
+        ],
+    )?;
     Ok(())
 }
 
+fn insert_alert(db: &mut dyn Db, alert: &NewAlert<'_>) -> Result<i64, DbError> {
+    db.query_one(
+        "INSERT INTO alerts (run_id, lane, kind, signature, channel, status, subject,
+             body_text, body_html, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?9) RETURNING id",
+        params![
+            alert.run_id,
+            alert.lane,
+            alert.kind,
+            alert.signature,
+            alert.channel,
+            alert.subject,
+            alert.body_text,
+            alert.body_html,
+            now().as_str()
+        ],
+    )?
+    .int(0)
+}
+
 /// The id of `word`, adding it the first time.
-fn word(tx: &Connection, word: &str) -> rusqlite::Result<i64> {
+fn word(db: &mut dyn Db, word: &str) -> Result<i64, DbError> {
     find_or_insert(
-        tx,
+        db,
         "SELECT id FROM words WHERE word = ?1",
         params![word],
-        "INSERT INTO words (word) VALUES (?1)",
+        "INSERT INTO words (word) VALUES (?1) ON CONFLICT (word) DO NOTHING RETURNING id",
         params![word],
     )
 }
 
 /// The id of a prompt at one version of its text.
-fn prompt_version(tx: &Connection, prompt: i64, hash: &str) -> rusqlite::Result<i64> {
+fn prompt_version(db: &mut dyn Db, prompt: i64, hash: &str) -> Result<i64, DbError> {
     find_or_insert(
-        tx,
+        db,
         "SELECT id FROM prompt_versions WHERE prompt = ?1 AND hash = ?2",
         params![prompt, hash],
-        "INSERT INTO prompt_versions (prompt, hash) VALUES (?1, ?2)",
+        "INSERT INTO prompt_versions (prompt, hash) VALUES (?1, ?2)
+         ON CONFLICT (prompt, hash) DO NOTHING RETURNING id",
         params![prompt, hash],
     )
 }
 
 /// The id of what a result reported besides its text: outcome, model, fingerprint, finish.
-fn served_as(tx: &Connection, result: &NewResult<'_>) -> rusqlite::Result<i64> {
+/// Two runners adding the same combination at once may store it twice; each copy reads the
+/// same.
+fn served_as(db: &mut dyn Db, result: &NewResult<'_>) -> Result<i64, DbError> {
     let values = params![
         result.outcome,
         result.model,
@@ -963,68 +1436,102 @@ fn served_as(tx: &Connection, result: &NewResult<'_>) -> rusqlite::Result<i64> {
         result.finish_reason
     ];
     find_or_insert(
-        tx,
-        "SELECT id FROM served_as WHERE outcome = ?1 AND model IS ?2 AND fingerprint IS ?3
-             AND finish_reason IS ?4",
+        db,
+        "SELECT id FROM served_as WHERE outcome = ?1 AND model IS NOT DISTINCT FROM ?2
+             AND fingerprint IS NOT DISTINCT FROM ?3 AND finish_reason IS NOT DISTINCT FROM ?4
+         ORDER BY id LIMIT 1",
         values,
         "INSERT INTO served_as (outcome, model, fingerprint, finish_reason)
-         VALUES (?1, ?2, ?3, ?4)",
+         VALUES (?1, ?2, ?3, ?4) RETURNING id",
         values,
     )
 }
 
 /// The id of an output text, stored once by its SHA-256.
-fn text_id(tx: &Connection, text: &str) -> rusqlite::Result<i64> {
-    let hash = Sha256::digest(text.as_bytes()).to_vec();
+fn text_id(db: &mut dyn Db, text: &str) -> Result<i64, DbError> {
+    let hash = Sha256::digest(text.as_bytes());
     find_or_insert(
-        tx,
+        db,
         "SELECT id FROM texts WHERE hash = ?1",
-        params![hash],
-        "INSERT INTO texts (hash, text) VALUES (?1, ?2)",
-        params![hash, text],
+        params![hash.as_slice()],
+        "INSERT INTO texts (hash, text) VALUES (?1, ?2) ON CONFLICT (hash) DO NOTHING
+         RETURNING id",
+        params![hash.as_slice(), text],
     )
 }
 
 /// The id of the row `select` finds by `key`, or of the row `insert` adds from `row`: how
-/// what repeats from result to result is stored once.
+/// what repeats from result to result is stored once. An insert another runner beat (it
+/// returns no row) is found by a second look.
 fn find_or_insert(
-    tx: &Connection,
+    db: &mut dyn Db,
     select: &str,
-    key: &[&dyn rusqlite::ToSql],
+    key: &[Param<'_>],
     insert: &str,
-    row: &[&dyn rusqlite::ToSql],
-) -> rusqlite::Result<i64> {
-    let found = tx
-        .prepare_cached(select)?
-        .query_row(key, |found| found.get(0))
-        .optional()?;
-    match found {
-        Some(id) => Ok(id),
-        None => {
-            tx.prepare_cached(insert)?.execute(row)?;
-            Ok(tx.last_insert_rowid())
-        }
+    row: &[Param<'_>],
+) -> Result<i64, DbError> {
+    if let Some(found) = db.query_opt(select, key)? {
+        return found.int(0);
+    }
+    match db.query_opt(insert, row)? {
+        Some(inserted) => inserted.int(0),
+        None => db.query_one(select, key)?.int(0),
     }
 }
 
-const RUN_SELECT: &str = "SELECT id, started_at, finished_at, status, prompt_set_hash, samples, lanes, exit_code FROM runs";
+const RUN_SELECT: &str = "SELECT id, started_at, finished_at, status, prompt_set_hash, samples, lanes, exit_code, shard FROM runs";
 
-fn run_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
-    let lanes: String = row.get(6)?;
+fn run_row(row: &db::Row) -> Result<RunRow, DbError> {
     Ok(RunRow {
-        id: row.get(0)?,
-        started_at: row.get(1)?,
-        finished_at: row.get(2)?,
-        status: row.get(3)?,
-        prompt_set_hash: row.get(4)?,
-        samples: row.get(5)?,
-        lanes: serde_json::from_str(&lanes).unwrap_or_default(),
-        exit_code: row.get(7)?,
+        id: row.int(0)?,
+        started_at: row.text(1)?,
+        finished_at: row.opt_text(2)?,
+        status: row.text(3)?,
+        prompt_set_hash: row.text(4)?,
+        samples: row.int(5)?,
+        lanes: serde_json::from_str(&row.text(6)?).unwrap_or_default(),
+        exit_code: row.opt_int(7)?,
+        shard: row.opt_text(8)?,
     })
+}
+
+fn lease_row(row: &db::Row) -> Result<LeaseRow, DbError> {
+    Ok(LeaseRow {
+        lane: row.text(0)?,
+        run_id: row.int(1)?,
+        runner: row.text(2)?,
+        until: row.text(3)?,
+    })
+}
+
+/// The advisory-lock key of a lane's alerts (PostgreSQL): the first 8 bytes of a SHA-256.
+fn lane_lock_key(lane: &str) -> i64 {
+    let digest = Sha256::digest(format!("canary alerts {lane}").as_bytes());
+    let mut bytes = [0; 8];
+    bytes.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(bytes)
+}
+
+/// This runner, as runs, leases and claims name it: host and pid.
+pub fn runner() -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".into());
+    format!("{host} pid {}", std::process::id())
 }
 
 fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// `ttl` from now, as the store writes times.
+fn later(ttl: Duration) -> String {
+    let ttl = chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
+    chrono::Utc::now()
+        .checked_add_signed(ttl)
+        .unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC)
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 #[cfg(test)]
@@ -1057,7 +1564,7 @@ mod tests {
     #[test]
     fn identical_outputs_are_stored_once() {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::open(&dir.path().join("c.db")).unwrap();
+        let mut store = Store::open(dir.path().join("c.db")).unwrap();
         for night in 0..30 {
             let run = store.begin_run("set", 1, &["free".into()]).unwrap();
             store
@@ -1105,7 +1612,7 @@ mod tests {
     #[test]
     fn running_runs_become_interrupted() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("c.db")).unwrap();
+        let store = Store::open(dir.path().join("c.db")).unwrap();
         let run = store.begin_run("set", 1, &[]).unwrap();
         assert_eq!(store.mark_interrupted().unwrap(), vec![run]);
         assert_eq!(store.run(Some(run)).unwrap().status, "interrupted");
@@ -1170,12 +1677,12 @@ mod tests {
         assert!(verdicts[1].reasons.is_empty());
         assert_eq!(store.counts().unwrap(), (3, 1));
         let at: Vec<i64> = store
-            .conn
-            .prepare("SELECT at_ms FROM results ORDER BY at_ms")
-            .unwrap()
-            .query_map([], |row| row.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
+            .with_db(|db| {
+                db.query("SELECT at_ms FROM results ORDER BY at_ms", params![])?
+                    .iter()
+                    .map(|row| row.int(0))
+                    .collect()
+            })
             .unwrap();
         assert_eq!(at, vec![1500, 2000, 31000]);
         assert_eq!(store.integrity_check().unwrap(), "ok");
@@ -1191,7 +1698,7 @@ mod tests {
     #[test]
     fn prune_keeps_baseline_runs_pending_alerts_each_lanes_latest_alert_and_the_newest_run() {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::open(&dir.path().join("c.db")).unwrap();
+        let mut store = Store::open(dir.path().join("c.db")).unwrap();
         let lanes = ["free".to_string(), "paid".to_string()];
         for _ in 1..=6 {
             let run = store.begin_run("set", 1, &lanes).unwrap();

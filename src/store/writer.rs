@@ -5,11 +5,10 @@
 //! that arrived meanwhile goes into the next one: each result is durable within about one sync
 //! of arriving, and a slow disk costs one sync per group instead of one per result.
 
-use std::path::Path;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-use super::{NewResult, Store, StoreError};
+use super::{NewResult, Store, StoreError, StoreLocation};
 
 /// Most results in one transaction.
 const MAX_GROUP: usize = 512;
@@ -77,10 +76,13 @@ pub struct GroupWriter {
 }
 
 impl GroupWriter {
-    /// Opens its own connection to the store at `path` and starts committing results of
+    /// Opens its own connection to the store at `location` and starts committing results of
     /// `run_id`.
-    pub fn start(path: &Path, run_id: i64) -> Result<GroupWriter, StoreError> {
-        let mut store = Store::open(path)?;
+    pub fn start(
+        location: impl Into<StoreLocation>,
+        run_id: i64,
+    ) -> Result<GroupWriter, StoreError> {
+        let mut store = Store::open(location)?;
         let (sender, receiver) = mpsc::channel::<OwnedResult>();
         let thread = std::thread::Builder::new()
             .name("canary-store".into())

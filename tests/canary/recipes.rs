@@ -139,7 +139,10 @@ fn the_kubernetes_cronjob_forbids_overlap_keeps_the_store_on_a_volume_and_ships_
     let yaml = kind("ConfigMap")["data"]["canary.yaml"].as_str().unwrap();
     let config = Config::parse(&PathBuf::from("/config/canary.yaml"), yaml).unwrap();
     assert!(
-        config.store.starts_with("/data"),
+        config
+            .store
+            .sqlite_path()
+            .is_some_and(|p| p.starts_with("/data")),
         "the store is on the volume: {:?}",
         config.store
     );

@@ -25,7 +25,7 @@ async fn canary(project: &Project, args: &[&str]) -> std::process::Output {
 
 /// Moves a run's start `days` into the past, as if it had run then.
 fn age(project: &Project, run: i64, days: i64) {
-    let conn = rusqlite::Connection::open(&project.config.store).unwrap();
+    let conn = rusqlite::Connection::open(project.config.store.sqlite_path().unwrap()).unwrap();
     let at = (chrono::Utc::now() - chrono::Duration::days(days))
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let changed = conn
