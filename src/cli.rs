@@ -146,6 +146,10 @@ pub enum Command {
     #[command(subcommand)]
     Alert(AlertCommand),
 
+    /// The store as a whole: move a history between SQLite and PostgreSQL.
+    #[command(subcommand)]
+    Store(StoreCommand),
+
     /// Send one prompt through the shared router: lanes in order, first answer inside the
     /// deadline wins.
     ///
@@ -206,6 +210,39 @@ pub enum AlertCommand {
     ///
     /// Exit codes: 0 every channel accepted it, 2 some channel failed (each failure is printed).
     Test,
+}
+
+/// `canary store ...`.
+#[derive(Debug, Subcommand)]
+pub enum StoreCommand {
+    /// Copy every run, result, verdict and alert into another, empty store, then verify it.
+    ///
+    /// Row for row with the same run ids, between SQLite and PostgreSQL either way; the target
+    /// is read back and each table's row count and content hash must equal the source's.
+    /// The source is the config's `store` unless --from names another. A PostgreSQL URL takes
+    /// its password from PGPASSWORD (or the env var --password-env names). Stop scheduled
+    /// runs while copying: runs that start meanwhile are not copied. Exit codes: 0 copied and
+    /// verified, 2 error (the target is not empty, or the copy does not verify).
+    #[command(after_help = "Examples:
+  canary store copy --to postgres://canary@db.internal/canary
+          canary store copy --from postgres://canary@db.internal/canary --to backup.db")]
+    Copy(StoreCopyArgs),
+}
+
+/// Arguments of `canary store copy`.
+#[derive(Debug, Args)]
+pub struct StoreCopyArgs {
+    /// The empty store to copy into: a SQLite file or a postgres:// URL.
+    #[arg(long, value_name = "PATH|URL")]
+    pub to: String,
+
+    /// The store to copy from (default: the config's `store`).
+    #[arg(long, value_name = "PATH|URL")]
+    pub from: Option<String>,
+
+    /// The env var holding the password of a postgres:// URL given here (default PGPASSWORD).
+    #[arg(long, value_name = "VAR")]
+    pub password_env: Option<String>,
 }
 
 /// Arguments of `canary run`.

@@ -104,53 +104,47 @@ pub async fn after_run(
         .map_or(Duration::from_secs(24 * 60 * 60), |a| a.repeat_after);
     let lanes = alerting_lanes(config);
     for lane in judgement.lanes.iter().filter(|l| lanes.contains(&l.lane)) {
-        let last = store.last_alert(&lane.lane)?;
-        let Some(kind) = decide(lane, last.as_ref(), repeat_after, now) else {
-            continue;
-        };
-        if kind == Kind::Drift {
-            let confirm = config.drift.confirm;
-            let streak = drift_streak(store, &lane.lane, judgement.run_id, confirm)?;
-            if streak < confirm {
-                tracing::info!(
-                    "lane {}: drifted in {streak} consecutive run{} of the {confirm} drift.confirm asks for; no alert yet",
-                    lane.lane,
-                    if streak == 1 { "" } else { "s" }
-                );
-                continue;
+        // Decided against the lane's newest alert and stored only if that is still the newest:
+        // when two runners judge the same lane at once, the second decides again seeing the
+        // first one's alert, so the lane's news goes out once.
+        for _ in 0..8 {
+            let last = store.last_alert(&lane.lane)?;
+            let Some(alerts) = raise(
+                config,
+                store,
+                judgement,
+                lane,
+                last.as_ref(),
+                complete,
+                repeat_after,
+                now,
+            )?
+            else {
+                break;
+            };
+            let rows: Vec<NewAlert<'_>> = alerts.rows(judgement.run_id, &lane.lane, channels);
+            if store
+                .insert_alerts_if_last(&lane.lane, last.as_ref().map(|a| a.id), &rows)?
+                .is_some()
+            {
+                outcome.raised.push(alerts.message.subject.clone());
+                break;
             }
+            tracing::debug!(
+                "lane {}: another runner raised an alert meanwhile; deciding again",
+                lane.lane
+            );
         }
-        let drifting = last
-            .as_ref()
-            .is_some_and(|a| a.kind == Kind::Drift.as_str());
-        if !complete && (kind == Kind::Recovered || drifting) {
-            // Some prompts only: news when a quiet lane drifts, but it cannot show a drifting
-            // lane recovered or its drift changed, since the other prompts were not asked.
-            continue;
-        }
-        let message = match kind {
-            Kind::Drift => message::drift(judgement.run_id, lane, report_link(config).as_deref()),
-            Kind::Recovered => message::recovered(judgement.run_id, lane),
-        };
-        for channel in channels {
-            store.insert_alert(&NewAlert {
-                run_id: judgement.run_id,
-                lane: &lane.lane,
-                kind: kind.as_str(),
-                signature: &signature(lane),
-                channel: channel.name(),
-                subject: &message.subject,
-                body_text: &message.text,
-                body_html: &message.html,
-            })?;
-        }
-        outcome.raised.push(message.subject.clone());
     }
     // This run's alerts were just stored as pending: one pass delivers them with the old ones.
     for alert in store.pending_alerts()? {
         let Some(channel) = channels.iter().find(|c| c.name() == alert.channel) else {
             continue;
         };
+        // Claimed first: of two runners delivering pending alerts at once, one sends each.
+        if !store.claim_alert(alert.id, CLAIM)? {
+            continue;
+        }
         let message = Message {
             subject: alert.subject.clone(),
             text: alert.body_text.clone(),
@@ -174,6 +168,84 @@ pub async fn after_run(
         }
     }
     Ok(outcome)
+}
+
+/// How long a runner's claim on an alert it is sending lasts: longer than any send takes, so
+/// only a runner that died mid-send leaves an alert for another to send.
+const CLAIM: Duration = Duration::from_secs(10 * 60);
+
+/// An alert this run raises for one lane, to be stored once per channel.
+struct Raised {
+    kind: Kind,
+    signature: String,
+    message: Message,
+}
+
+impl Raised {
+    fn rows<'a>(
+        &'a self,
+        run_id: i64,
+        lane: &'a str,
+        channels: &'a [Box<dyn Channel>],
+    ) -> Vec<NewAlert<'a>> {
+        channels
+            .iter()
+            .map(|channel| NewAlert {
+                run_id,
+                lane,
+                kind: self.kind.as_str(),
+                signature: &self.signature,
+                channel: channel.name(),
+                subject: &self.message.subject,
+                body_text: &self.message.text,
+                body_html: &self.message.html,
+            })
+            .collect()
+    }
+}
+
+/// What this run says about `lane`, given its newest alert `last`: nothing, or an alert.
+#[allow(clippy::too_many_arguments)]
+fn raise(
+    config: &Config,
+    store: &Store,
+    judgement: &RunJudgement,
+    lane: &JudgedLane,
+    last: Option<&AlertRow>,
+    complete: bool,
+    repeat_after: Duration,
+    now: DateTime<Utc>,
+) -> Result<Option<Raised>, StoreError> {
+    let Some(kind) = decide(lane, last, repeat_after, now) else {
+        return Ok(None);
+    };
+    if kind == Kind::Drift {
+        let confirm = config.drift.confirm;
+        let streak = drift_streak(store, &lane.lane, judgement.run_id, confirm)?;
+        if streak < confirm {
+            tracing::info!(
+                "lane {}: drifted in {streak} consecutive run{} of the {confirm} drift.confirm asks for; no alert yet",
+                lane.lane,
+                if streak == 1 { "" } else { "s" }
+            );
+            return Ok(None);
+        }
+    }
+    let drifting = last.is_some_and(|a| a.kind == Kind::Drift.as_str());
+    if !complete && (kind == Kind::Recovered || drifting) {
+        // Some prompts only: news when a quiet lane drifts, but it cannot show a drifting
+        // lane recovered or its drift changed, since the other prompts were not asked.
+        return Ok(None);
+    }
+    let message = match kind {
+        Kind::Drift => message::drift(judgement.run_id, lane, report_link(config).as_deref()),
+        Kind::Recovered => message::recovered(judgement.run_id, lane),
+    };
+    Ok(Some(Raised {
+        kind,
+        signature: signature(lane),
+        message,
+    }))
 }
 
 /// How many consecutive runs up to `through_run` (included, its verdicts stored) the lane

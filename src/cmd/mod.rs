@@ -13,6 +13,7 @@ pub mod report;
 pub mod review;
 pub mod run;
 pub mod schedule;
+pub mod store;
 
 use std::path::Path;
 
@@ -20,7 +21,7 @@ use std::io::IsTerminal;
 
 use anyhow::Context;
 
-use crate::cli::{AlertCommand, Cli, ColorChoice, Command};
+use crate::cli::{AlertCommand, Cli, ColorChoice, Command, StoreCommand};
 use crate::config::Config;
 
 /// Exit code: success.
@@ -45,6 +46,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Prune(args) => prune::run(&cli, args),
         Command::Schedule => schedule::run(&cli).await,
         Command::Alert(AlertCommand::Test) => alert::test(&cli).await,
+        Command::Store(StoreCommand::Copy(args)) => store::copy(&cli, args),
     }
 }
 

@@ -14,8 +14,17 @@ use super::migrations;
 
 /// One connection and its prepared statements.
 pub struct PgConn {
-    client: postgres::Client,
+    /// Always `Some` until dropped: closing the connection also needs to be off the runtime.
+    client: Option<postgres::Client>,
     statements: HashMap<String, postgres::Statement>,
+}
+
+impl Drop for PgConn {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take() {
+            off_runtime(move || drop(client));
+        }
+    }
 }
 
 /// Why a connection could not be made.
@@ -79,7 +88,7 @@ impl PgConn {
             off_runtime(|| config.connect(postgres::NoTls)).map_err(DbError::from)?
         };
         Ok(PgConn {
-            client,
+            client: Some(client),
             statements: HashMap::new(),
         })
     }
@@ -90,6 +99,9 @@ impl PgConn {
         work: impl FnOnce(&mut dyn Db) -> Result<R, DbError> + Send,
     ) -> Result<R, DbError> {
         let PgConn { client, statements } = self;
+        let client = client
+            .as_mut()
+            .expect("the connection is open until dropped");
         off_runtime(move || {
             let mut db = PostgresDb { client, statements };
             work(&mut db)

@@ -3,6 +3,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::smtp::{SmtpOptions, SmtpServer, TestCertificates};
+use crate::stores::on_both_stores;
 use crate::support::{LaneSpec, Project, Reply, TestServer, canary_with_env, prompt_of, text};
 
 const PROMPTS: &str = r#"
@@ -58,7 +59,7 @@ async fn canary(project: &Project, args: &[&str]) -> std::process::Output {
     canary_with_env(project, args, &[("TEST_SMTP_PASSWORD", PASSWORD)]).await
 }
 
-#[tokio::test]
+on_both_stores! {
 async fn drift_sends_one_email_the_same_drift_none_and_recovery_one() {
     let smtp = SmtpServer::start(SmtpOptions::default());
     let drift = Arc::new(Mutex::new(false));
@@ -149,8 +150,9 @@ async fn drift_sends_one_email_the_same_drift_none_and_recovery_one() {
         "[canary] free: recovered, no drift in run 6"
     );
 }
+}
 
-#[tokio::test]
+on_both_stores! {
 async fn an_unreachable_smtp_server_leaves_a_pending_alert_the_next_run_delivers() {
     let port = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -204,6 +206,7 @@ async fn an_unreachable_smtp_server_leaves_a_pending_alert_the_next_run_delivers
         "[canary] free: 2 of 3 prompts drifted (run 2)"
     );
     assert!(project.store().pending_alerts().unwrap().is_empty());
+}
 }
 
 #[tokio::test]

@@ -1,5 +1,6 @@
 //! The canary as users run it: `run`, `accept`, `diff`, against real loopback servers.
 
+use crate::stores::on_both_stores;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -85,7 +86,7 @@ fn one_lane(url: String) -> Project {
     project
 }
 
-#[tokio::test]
+on_both_stores! {
 async fn baseline_unchanged_reworded_accept_round_trip() {
     let behaviour = behaviour();
     let server = model_server(behaviour.clone()).await;
@@ -177,8 +178,9 @@ async fn baseline_unchanged_reworded_accept_round_trip() {
     let clean_diff = canary(&project, &["diff"]).await;
     assert_eq!(clean_diff.status.code(), Some(0));
 }
+}
 
-#[tokio::test]
+on_both_stores! {
 async fn a_prompt_edited_after_its_baseline_is_stale_not_drifted() {
     let (_behaviour, _server, project) = baselined().await;
     project.write_prompts(
@@ -199,8 +201,9 @@ async fn a_prompt_edited_after_its_baseline_is_stale_not_drifted() {
     assert_eq!(prime["verdict"], "stale");
     assert_eq!(json["lanes"][0]["verdict"], "stale");
 }
+}
 
-#[tokio::test]
+on_both_stores! {
 async fn a_lane_that_is_down_is_failed_and_exits_3() {
     let up = model_server(behaviour()).await;
     let project = Project::new(
@@ -234,8 +237,9 @@ async fn a_lane_that_is_down_is_failed_and_exits_3() {
         lanes[1]
     );
 }
+}
 
-#[tokio::test]
+on_both_stores! {
 async fn failed_results_are_never_accepted() {
     let project = Project::new(
         &["deadline: 1s"],
@@ -251,8 +255,9 @@ async fn failed_results_are_never_accepted() {
     );
     assert!(!project.file("snapshots/down/capital.snap").exists());
 }
+}
 
-#[tokio::test]
+on_both_stores! {
 async fn a_changed_model_name_is_flagged_even_with_identical_answers() {
     let (behaviour, _server, project) = baselined().await;
 
@@ -281,8 +286,9 @@ async fn a_changed_model_name_is_flagged_even_with_identical_answers() {
         text(&diff.stdout)
     );
 }
+}
 
-#[tokio::test]
+on_both_stores! {
 async fn nondeterministic_answers_inside_the_noise_band_are_not_drift() {
     // A lane sampling at high temperature: three phrasings in rotation, each a fair answer.
     let phrasings = [
@@ -324,8 +330,9 @@ async fn nondeterministic_answers_inside_the_noise_band_are_not_drift() {
         );
     }
 }
+}
 
-#[tokio::test]
+on_both_stores! {
 async fn drift_seen_on_the_control_lane_too_is_for_review_not_free_lane_drift() {
     let behaviour = behaviour();
     let free = model_server(behaviour.clone()).await;
@@ -360,6 +367,7 @@ async fn drift_seen_on_the_control_lane_too_is_for_review_not_free_lane_drift() 
         json["lanes"][1]["verdict"], "drifted",
         "the control lane itself drifted"
     );
+}
 }
 
 #[tokio::test]
@@ -499,7 +507,7 @@ async fn the_kill_switch_removes_a_lane_from_the_run_and_the_rest_is_measured() 
     assert_eq!(paid.requests(), 3 * 10);
 }
 
-#[tokio::test]
+on_both_stores! {
 async fn history_shows_runs_per_lane_and_one_prompts_story() {
     let (_server, project) = baselined_then_reworded().await;
 
@@ -522,6 +530,7 @@ async fn history_shows_runs_per_lane_and_one_prompts_story() {
         shown.lines().count() == 3 && shown.contains("drifted"),
         "{shown}"
     );
+}
 }
 
 #[tokio::test]
@@ -584,7 +593,7 @@ async fn each_run_rewrites_the_prometheus_metrics_file() {
     );
 }
 
-#[tokio::test]
+on_both_stores! {
 async fn report_writes_one_self_contained_html_page() {
     let (_server, project) = baselined_then_reworded().await;
 
@@ -616,6 +625,7 @@ async fn report_writes_one_self_contained_html_page() {
         !page.contains("<script") && !page.contains("<link"),
         "self-contained, nothing to load"
     );
+}
 }
 
 #[tokio::test]
@@ -713,7 +723,7 @@ async fn a_broken_baseline_is_refused_before_any_request_is_sent() {
     assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
 }
 
-#[tokio::test]
+on_both_stores! {
 async fn an_error_after_the_results_are_stored_closes_the_run_and_keeps_them() {
     // Answers a little late, so a baseline can break while the run is under way.
     let slow = TestServer::start(|_, seen| {
@@ -773,4 +783,5 @@ async fn an_error_after_the_results_are_stored_closes_the_run_and_keeps_them() {
     let run = store.run(Some(2)).unwrap();
     assert_eq!((run.status.as_str(), run.exit_code), ("finished", Some(2)));
     assert_eq!(store.results(2).unwrap().len(), 3, "the results are kept");
+}
 }

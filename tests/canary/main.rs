@@ -1,6 +1,7 @@
 //! Behaviour tests of canary against real servers on loopback. One test binary, one module per
 //! area, to keep link time down.
 
+mod stores;
 mod support;
 
 mod alerts;
@@ -20,5 +21,6 @@ mod review;
 mod router;
 mod sampled;
 mod schedule;
+mod shared_store;
 mod smtp;
 mod starter;

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::smtp::{SmtpOptions, SmtpServer};
+use crate::stores::on_both_stores;
 use crate::support::{LaneSpec, Project, Reply, TestServer, canary_with_env, prompt_of, text};
 
 /// Six fair answers to one question, drawn uniformly.
@@ -135,7 +136,7 @@ async fn baselined(
     (server, counts, project)
 }
 
-#[tokio::test]
+on_both_stores! {
 async fn the_baseline_s_own_samples_decide_how_many_each_run_takes() {
     let provider = provider();
     let (_server, counts, project) = baselined(&provider, &[]).await;
@@ -181,6 +182,7 @@ async fn the_baseline_s_own_samples_decide_how_many_each_run_takes() {
             .starts_with("its 2 sampled prompts are within noise: p = "),
         "{lane}"
     );
+}
 }
 
 #[tokio::test]
@@ -235,7 +237,7 @@ async fn unchanged_sampled_answers_raise_no_alarm_run_after_run() {
     }
 }
 
-#[tokio::test]
+on_both_stores! {
 async fn a_shift_in_the_share_of_answers_is_drift_with_its_rates_and_p_value() {
     let provider = provider();
     let (_server, counts, project) = baselined(&provider, &["metrics_file: canary.prom"]).await;
@@ -313,6 +315,7 @@ async fn a_shift_in_the_share_of_answers_is_drift_with_its_rates_and_p_value() {
     );
     assert!(table.lines().next().unwrap().contains("  p  "), "{table}");
 }
+}
 
 #[tokio::test]
 async fn an_exact_answer_that_changes_is_drift_at_once_and_confirmed_in_the_same_run() {
@@ -376,7 +379,7 @@ async fn a_lane_that_only_looked_exact_is_not_called_drifted_for_one_odd_answer(
     );
 }
 
-#[tokio::test]
+on_both_stores! {
 async fn drift_confirm_holds_the_alert_until_consecutive_runs_drift() {
     let smtp = SmtpServer::start(SmtpOptions::default());
     let smtp_line = format!(
@@ -423,6 +426,7 @@ async fn drift_confirm_holds_the_alert_until_consecutive_runs_drift() {
         mail = smtp.received();
     }
     assert_eq!(mail.len(), 1, "the second drifted run in a row alerts");
+}
 }
 
 #[tokio::test]

@@ -382,6 +382,9 @@ impl Project {
     pub fn new(top: &[&str], lanes: &[LaneSpec]) -> Project {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut yaml = String::new();
+        if crate::stores::on_postgres() && !top.iter().any(|line| line.starts_with("store:")) {
+            yaml.push_str(&format!("store: {}\n", crate::stores::fresh_database()));
+        }
         for line in top {
             yaml.push_str(line);
             yaml.push('\n');
