@@ -239,6 +239,13 @@ fn judge_run(judge: &Judge<'_>, run_id: i64, against: Against) -> Result<RunJudg
             .collect();
         judged.insert(lane, judged_lane);
     }
+    if let Some(control) = control
+        && !lanes.iter().any(|l| l.as_str() == control)
+        && judge.lane_order.iter().any(|l| l == control)
+    {
+        // Measured by another runner (a shared store): what it judged of the same night.
+        control_drifted = control_drift_elsewhere(judge, control, run_id)?;
+    }
     for lane in lanes.iter().filter(|l| Some(l.as_str()) != control) {
         let scope = Scope {
             run_id,
@@ -252,6 +259,48 @@ fn judge_run(judge: &Judge<'_>, run_id: i64, against: Against) -> Result<RunJudg
         run_id,
         against,
         lanes: lanes.iter().filter_map(|l| judged.remove(l)).collect(),
+    })
+}
+
+/// How far apart two runs may start and still be one night's measurement of the lanes.
+const SAME_NIGHT: chrono::Duration = chrono::Duration::hours(12);
+
+/// The prompts that drifted on the control lane in the run another runner made of it closest
+/// before or after `run_id` (within [`SAME_NIGHT`]); none when no such run is stored.
+fn control_drift_elsewhere(
+    judge: &Judge<'_>,
+    control: &str,
+    run_id: i64,
+) -> Result<Vec<String>, JudgeError> {
+    let run = judge.store.run(Some(run_id))?;
+    let Ok(started) = chrono::DateTime::parse_from_rfc3339(&run.started_at) else {
+        return Ok(Vec::new());
+    };
+    let at = |t: chrono::DateTime<chrono::FixedOffset>| {
+        t.to_utc()
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    };
+    let found = judge.store.latest_verdicts_of_lane(
+        control,
+        &at(started - SAME_NIGHT),
+        &at(started + SAME_NIGHT),
+        run_id,
+    )?;
+    Ok(match found {
+        Some((other, verdicts)) => {
+            tracing::debug!("control lane {control}: judged by run {other}");
+            verdicts
+                .into_iter()
+                .filter(|v| v.verdict == Verdict::Drifted.as_str())
+                .map(|v| v.prompt_id)
+                .collect()
+        }
+        None => {
+            tracing::info!(
+                "control lane {control} was not measured within 12 h of run {run_id}; drift here is not compared with it"
+            );
+            Vec::new()
+        }
     })
 }
 

@@ -147,6 +147,9 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<i32> {
             return Ok(EXIT_INTERRUPTED);
         }
     };
+    if stored.is_ok() {
+        wait_for_control(&config, &store, &lane_names).await?;
+    }
     let finished = match stored {
         Ok(stored) => {
             conclude(
@@ -183,6 +186,47 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<i32> {
             Err(err)
         }
     }
+}
+
+/// Longest a run waits for another runner still measuring the control lane.
+const CONTROL_WAIT: std::time::Duration = std::time::Duration::from_secs(10 * 60);
+
+/// In a shared store, when another runner is measuring the control lane right now, waits (up
+/// to [`CONTROL_WAIT`]) for it to finish, so this run is judged against the same night's
+/// control answers.
+async fn wait_for_control(
+    config: &crate::config::Config,
+    store: &Store,
+    measured: &[String],
+) -> anyhow::Result<()> {
+    let Some(control) = config.drift.control.as_deref() else {
+        return Ok(());
+    };
+    if !config.store.is_shared() || measured.iter().any(|l| l == control) {
+        return Ok(());
+    }
+    let give_up = std::time::Instant::now() + CONTROL_WAIT;
+    let mut told = false;
+    while let Some(lease) = store.live_lease(control)? {
+        if std::time::Instant::now() >= give_up {
+            tracing::warn!(
+                "control lane {control}: run {} is still measuring it after {}; judging without waiting longer",
+                lease.run_id,
+                humantime::format_duration(CONTROL_WAIT)
+            );
+            break;
+        }
+        if !told {
+            tracing::info!(
+                "control lane {control}: waiting for run {} ({}) to finish measuring it",
+                lease.run_id,
+                lease.runner
+            );
+            told = true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    Ok(())
 }
 
 /// Judges the stored run, commits the verdicts, writes the metrics file, alerts, then prints.

@@ -1015,13 +1015,14 @@ impl Store {
         })
     }
 
-    /// The newest verdicts of `lane` from a finished run started at or after `since` (RFC
-    /// 3339) other than `except_run`: what another runner judged of a lane this run did not
+    /// The newest verdicts of `lane` from a finished run started between `since` and `until`
+    /// (RFC 3339) other than `except_run`: what another runner judged of a lane this run did not
     /// measure. Returns the run and its verdicts.
     pub fn latest_verdicts_of_lane(
         &self,
         lane: &str,
         since: &str,
+        until: &str,
         except_run: i64,
     ) -> Result<Option<(i64, Vec<VerdictRow>)>, StoreError> {
         let run = self.db(|db| {
@@ -1030,9 +1031,9 @@ impl Store {
                  JOIN words l ON l.id = v.lane
                  JOIN runs ON runs.id = v.run_id
                  WHERE l.word = ?1 AND runs.status = 'finished' AND runs.started_at >= ?2
-                     AND runs.id != ?3
+                     AND runs.started_at <= ?3 AND runs.id != ?4
                  ORDER BY v.run_id DESC LIMIT 1",
-                params![lane, since, except_run],
+                params![lane, since, until, except_run],
             )?
             .map(|row| row.int(0))
             .transpose()

@@ -1,2 +1,360 @@
-//! A store shared by several runners: PostgreSQL with leases, shards, exactly-once alerts and
-//! copies between engines.
+//! A store shared by several runners: PostgreSQL with a lease per lane, shards, exactly-once
+//! alerts, the control lane measured by another runner, and copies between the two engines.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::smtp::{SmtpOptions, SmtpServer};
+use crate::stores::fresh_database;
+use crate::support::{LaneSpec, Project, Reply, TestServer, canary_with_env, prompt_of, text};
+
+/// `n` prompts `p00`, `p01`, ...
+fn prompts(n: usize) -> String {
+    (0..n)
+        .map(|i| format!("- id: p{i:02}\n  prompt: question {i}\n"))
+        .collect()
+}
+
+/// A project on a fresh PostgreSQL database with a short lease.
+fn shared(lanes: &[LaneSpec], top: &[&str]) -> Project {
+    let store = format!("store: {{ url: {}, lease: 2s }}", fresh_database());
+    let mut lines = vec![store.as_str()];
+    lines.extend_from_slice(top);
+    Project::new(&lines, lanes)
+}
+
+/// A `canary` process on the project, running while the test goes on.
+fn spawn(project: &Project, args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_canary"))
+        .arg("-c")
+        .arg(project.path())
+        .args(args)
+        .env_remove("FREE_LANE")
+        .env_remove("CANARY_CONFIG")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start canary")
+}
+
+/// Waits for a spawned `canary` off the runtime thread (the test servers share it).
+async fn finish(child: Child) -> std::process::Output {
+    tokio::task::spawn_blocking(move || child.wait_with_output().expect("wait for canary"))
+        .await
+        .unwrap()
+}
+
+async fn until(mut done: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting");
+}
+
+fn runs(project: &Project) -> serde_json::Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_canary"))
+        .arg("-c")
+        .arg(project.path())
+        .args(["history", "--format", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn two_runners_measure_two_lanes_at_once_and_a_killed_one_keeps_its_results() {
+    let free =
+        TestServer::always(Reply::completion("free answer", "m").after(Duration::from_millis(100)))
+            .await;
+    let paid =
+        TestServer::always(Reply::completion("paid answer", "m").after(Duration::from_millis(100)))
+            .await;
+    let project = shared(
+        &[
+            LaneSpec::new("free", free.base_url()).with("max_inflight: 1"),
+            LaneSpec::new("paid", paid.base_url()).with("max_inflight: 1"),
+        ],
+        &[],
+    );
+    project.write_prompts("set.yaml", &prompts(20));
+
+    let mut doomed = spawn(&project, &["run", "--lane", "free", "--samples", "1"]);
+    let survivor = spawn(&project, &["run", "--lane", "paid", "--samples", "1"]);
+    // Both lanes are being asked at the same time, by two processes.
+    until(|| free.requests() >= 6 && paid.requests() >= 3).await;
+    doomed.kill().unwrap(); // SIGKILL: no chance to mark anything
+    doomed.wait().unwrap();
+    let answered_before_kill = free.requests() - 1;
+
+    // The lane stays leased until the lease lapses: another runner is refused meanwhile.
+    let refused = canary_with_env(&project, &["run", "--lane", "free"], &[]).await;
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused.stderr));
+    let why = text(&refused.stderr);
+    assert!(
+        why.contains("lane free is being measured by another runner") && why.contains("pid "),
+        "{why}"
+    );
+
+    let survived = finish(survivor).await;
+    assert_eq!(
+        survived.status.code(),
+        Some(0),
+        "{}",
+        text(&survived.stderr)
+    );
+    assert_eq!(
+        paid.requests(),
+        20,
+        "the other runner measured every prompt"
+    );
+
+    let store = project.store();
+    let killed = store
+        .runs(10)
+        .unwrap()
+        .into_iter()
+        .find(|r| r.lanes == ["free"])
+        .unwrap();
+    let kept = store.results(killed.id).unwrap();
+    assert!(
+        kept.len() >= answered_before_kill.saturating_sub(1) && kept.len() >= 4,
+        "kept {} of ~{answered_before_kill}",
+        kept.len()
+    );
+    assert!(
+        kept.iter()
+            .all(|r| r.output.as_deref() == Some("free answer"))
+    );
+    drop(store);
+
+    // Once its lease lapses, the killed run reads as interrupted, and the lane is free again.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let history = runs(&project);
+    let statuses: Vec<(String, String)> = history["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["lane"].as_str().unwrap_or_default().to_owned(),
+                r["status"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert!(
+        statuses.contains(&("free".into(), "interrupted".into()))
+            && statuses.contains(&("paid".into(), "finished".into())),
+        "{history}"
+    );
+    let store = project.store();
+    assert_eq!(store.results(killed.id).unwrap().len(), kept.len());
+    drop(store);
+    let again = canary_with_env(&project, &["run", "--lane", "free", "--prompt", "p00"], &[]).await;
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
+}
+
+/// A model whose prime answer flips when `drift` is set.
+async fn model(drift: Arc<Mutex<bool>>) -> TestServer {
+    TestServer::start(move |_, seen| {
+        let drifting = *drift.lock().unwrap();
+        let prompt = prompt_of(seen);
+        let answer = if prompt.contains("question") {
+            if drifting { "No." } else { "Yes." }
+        } else {
+            "Paris."
+        };
+        Reply::completion(answer, "smollm2")
+    })
+    .await
+}
+
+#[tokio::test]
+async fn two_runners_judging_the_same_drift_at_once_send_one_email() {
+    let smtp = SmtpServer::start(SmtpOptions::default());
+    let drift = Arc::new(Mutex::new(false));
+    let server = model(drift.clone()).await;
+    let smtp_line = format!(
+        "    smtp: {{ host: 127.0.0.1, port: {}, security: none, timeout: 5s }}",
+        smtp.port
+    );
+    let project = shared(
+        &[LaneSpec::new("free", server.base_url())],
+        &[
+            "alerts:",
+            "  email:",
+            &smtp_line,
+            "    from: canary@example.com",
+            "    to: [oncall@example.com]",
+        ],
+    );
+    project.write_prompts("set.yaml", &prompts(8));
+    canary_with_env(&project, &["run"], &[]).await;
+    canary_with_env(&project, &["accept"], &[]).await;
+
+    *drift.lock().unwrap() = true;
+    for _ in 0..3 {
+        // Two runners, each half of the prompt set, both seeing the lane drift.
+        let first = spawn(&project, &["run", "--shard", "1/2"]);
+        let second = spawn(&project, &["run", "--shard", "2/2"]);
+        let (first, second) = (finish(first).await, finish(second).await);
+        assert_eq!(first.status.code(), Some(1), "{}", text(&first.stderr));
+        assert_eq!(second.status.code(), Some(1), "{}", text(&second.stderr));
+    }
+    smtp.wait_for(1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let subjects: Vec<String> = smtp
+        .received()
+        .iter()
+        .map(|m| m["headers"]["Subject"].to_string())
+        .collect();
+    assert_eq!(
+        subjects.len(),
+        1,
+        "one email for the lane's drift, whoever judged it: {subjects:?}"
+    );
+    let store = project.store();
+    assert!(store.pending_alerts().unwrap().is_empty());
+    let shards: Vec<Option<String>> = store
+        .runs(2)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.shard)
+        .collect();
+    assert!(
+        shards.contains(&Some("1/2".into())) && shards.contains(&Some("2/2".into())),
+        "{shards:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_control_lane_measured_by_another_runner_still_marks_shared_drift_for_review() {
+    let drift = Arc::new(Mutex::new(false));
+    let free = model(drift.clone()).await;
+    let control = model(drift.clone()).await;
+    let project = shared(
+        &[
+            LaneSpec::new("free", free.base_url()),
+            LaneSpec::new("control", control.base_url()),
+        ],
+        &["drift:", "  control: control"],
+    );
+    project.write_prompts("set.yaml", &prompts(3));
+    canary_with_env(&project, &["run"], &[]).await;
+    canary_with_env(&project, &["accept"], &[]).await;
+
+    *drift.lock().unwrap() = true;
+    let control_run = canary_with_env(&project, &["run", "--lane", "control"], &[]).await;
+    assert_eq!(
+        control_run.status.code(),
+        Some(1),
+        "{}",
+        text(&control_run.stderr)
+    );
+    let free_run = canary_with_env(
+        &project,
+        &["run", "--lane", "free", "--format", "json"],
+        &[],
+    )
+    .await;
+    let json: serde_json::Value = serde_json::from_slice(&free_run.stdout).unwrap();
+    let lane = &json["lanes"][0];
+    assert_eq!(lane["lane"], "free");
+    assert_ne!(lane["verdict"], "drifted", "{lane}");
+    for prompt in lane["prompts"].as_array().unwrap() {
+        assert_eq!(prompt["verdict"], "drifted", "{prompt}");
+        assert_eq!(prompt["review"], true, "{prompt}");
+    }
+}
+
+#[tokio::test]
+async fn a_history_copied_sqlite_to_postgres_and_back_reads_the_same() {
+    let drift = Arc::new(Mutex::new(false));
+    let server = model(drift.clone()).await;
+    let project = Project::new(&[], &[LaneSpec::new("free", server.base_url())]);
+    project.write_prompts("set.yaml", &prompts(4));
+    canary_with_env(&project, &["run"], &[]).await;
+    canary_with_env(&project, &["accept"], &[]).await;
+    *drift.lock().unwrap() = true;
+    canary_with_env(&project, &["run", "--samples", "3"], &[]).await;
+    canary_with_env(&project, &["run"], &[]).await;
+
+    let history = |config: &std::path::Path, args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_canary"))
+            .arg("-c")
+            .arg(config)
+            .args(args)
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap();
+        // `diff` exits 1 on drift; either way its output is what is compared.
+        assert!(
+            matches!(out.status.code(), Some(0 | 1)),
+            "{}",
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    };
+    let original = project.path();
+    let url = fresh_database();
+    let yaml = std::fs::read_to_string(&original).unwrap();
+    let on_postgres = project.file("canary-pg.yaml");
+    std::fs::write(&on_postgres, format!("store: {url}\n{yaml}")).unwrap();
+    let copied_back = project.file("canary-back.yaml");
+    std::fs::write(&copied_back, format!("store: back.db\n{yaml}")).unwrap();
+
+    let to_pg = canary_with_env(&project, &["store", "copy", "--to", &url], &[]).await;
+    assert_eq!(to_pg.status.code(), Some(0), "{}", text(&to_pg.stderr));
+    assert!(
+        text(&to_pg.stdout).contains("verified"),
+        "{}",
+        text(&to_pg.stdout)
+    );
+    let back = canary_with_env(
+        &project,
+        &[
+            "store", "copy", "--from", &url, "--to", "back.db", "--format", "json",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(back.status.code(), Some(0), "{}", text(&back.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&back.stdout).unwrap();
+    assert_eq!(report["verified"], true);
+    let results = report["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["table"] == "results")
+        .unwrap();
+    assert_eq!(results["rows"], project.store().counts().unwrap().0);
+
+    for args in [
+        &["history"][..],
+        &["history", "--format", "json"],
+        &["history", "--prompt", "p01"],
+        &["diff", "--format", "json"],
+    ] {
+        let sqlite = history(&original, args);
+        assert_eq!(
+            sqlite,
+            history(&on_postgres, args),
+            "{args:?} on PostgreSQL"
+        );
+        assert_eq!(sqlite, history(&copied_back, args), "{args:?} copied back");
+    }
+
+    // A store that already holds a history is not copied into.
+    let again = canary_with_env(&project, &["store", "copy", "--to", &url], &[]).await;
+    assert_eq!(again.status.code(), Some(2));
+    assert!(
+        text(&again.stderr).contains("already holds 3 runs"),
+        "{}",
+        text(&again.stderr)
+    );
+}
