@@ -4,6 +4,8 @@
 //! Each part prints a Markdown section on stdout and progress on stderr. `--smoke` runs a
 //! small size of each, to keep the benchmark building and honest in CI.
 
+#[path = "../../tests/canary/stores.rs"]
+mod stores;
 #[path = "../../tests/canary/support.rs"]
 mod support;
 

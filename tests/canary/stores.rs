@@ -80,6 +80,7 @@ pub fn fresh_database() -> String {
 /// Runs an async test body once on a SQLite store and once on a PostgreSQL one:
 /// `on_both_stores! { async fn name() { ... } }` makes tests `name::sqlite` and
 /// `name::postgres`.
+#[allow(unused_macros)]
 macro_rules! on_both_stores {
     ($(#[$meta:meta])* async fn $name:ident() $body:block) => {
         $(#[$meta])*
@@ -101,4 +102,5 @@ macro_rules! on_both_stores {
         }
     };
 }
+#[allow(unused_imports)]
 pub(crate) use on_both_stores;
