@@ -31,30 +31,37 @@ pub async fn with_postgres<F: std::future::Future>(body: F) -> F::Output {
     output
 }
 
-/// The URL of this process's PostgreSQL server (its `canary` database), started on first use.
+/// The URL of this process's PostgreSQL server (its `canary` database), started on first use,
+/// without fsync (tests need no durability across a machine crash).
 pub fn server_url() -> &'static str {
     static URL: OnceLock<String> = OnceLock::new();
     URL.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("canary-tests-pg-{}", std::process::id()));
-        let output =
-            std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/postgres"))
-                .arg("start")
-                .arg(&dir)
-                .env("CANARY_PG_OWNER", std::process::id().to_string())
-                .env("CANARY_PG_FAST", "1")
-                .stderr(std::process::Stdio::inherit())
-                .output()
-                .expect("run scripts/postgres");
-        assert!(
-            output.status.success(),
-            "scripts/postgres start failed: {}",
-            String::from_utf8_lossy(&output.stdout)
-        );
-        String::from_utf8(output.stdout)
-            .expect("a URL")
-            .trim()
-            .to_owned()
+        start_server(&dir, true)
     })
+}
+
+/// Starts a PostgreSQL server with its data under `dir` (stopped by its watchdog when this
+/// process ends, or by `scripts/postgres stop DIR`); its URL. `fast` turns fsync off.
+pub fn start_server(dir: &std::path::Path, fast: bool) -> String {
+    let output =
+        std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/postgres"))
+            .arg("start")
+            .arg(dir)
+            .env("CANARY_PG_OWNER", std::process::id().to_string())
+            .env("CANARY_PG_FAST", if fast { "1" } else { "0" })
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .expect("run scripts/postgres");
+    assert!(
+        output.status.success(),
+        "scripts/postgres start failed: {}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    String::from_utf8(output.stdout)
+        .expect("a URL")
+        .trim()
+        .to_owned()
 }
 
 /// A new, empty database on the server; its URL.
