@@ -148,3 +148,69 @@ fn the_kubernetes_cronjob_forbids_overlap_keeps_the_store_on_a_volume_and_ships_
     );
     assert_eq!(config.prompts, PathBuf::from("/config/prompts"));
 }
+
+#[test]
+fn the_kubernetes_postgres_variant_runs_one_lane_per_index_with_the_password_from_a_secret() {
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_str_multiple(&recipe("kubernetes/postgres.yaml")).unwrap();
+    let kind = |k: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == k)
+            .unwrap_or_else(|| panic!("no {k}"))
+    };
+    let cronjob = kind("CronJob");
+    assert_eq!(cronjob["spec"]["concurrencyPolicy"], "Forbid");
+    parse_expression(cronjob["spec"]["schedule"].as_str().unwrap()).unwrap();
+    let job = &cronjob["spec"]["jobTemplate"]["spec"];
+    assert_eq!(job["completionMode"], "Indexed");
+    let pods = job["completions"].as_u64().unwrap();
+    assert_eq!(job["parallelism"].as_u64(), Some(pods));
+    let container = &job["template"]["spec"]["containers"][0];
+    let script = container["args"][0].as_str().unwrap();
+    let lanes = container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "LANES")
+        .unwrap()["value"]
+        .as_str()
+        .unwrap();
+
+    let yaml = kind("ConfigMap")["data"]["canary.yaml"].as_str().unwrap();
+    let config = Config::parse(&PathBuf::from("/config/canary.yaml"), yaml).unwrap();
+    let configured: Vec<&str> = config.lanes.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(lanes.split_whitespace().collect::<Vec<_>>(), configured);
+    assert_eq!(pods as usize, configured.len(), "one pod per lane");
+    // What the shell in each pod runs: index i measures the i-th lane.
+    for (index, lane) in configured.iter().enumerate() {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(script.replace("exec canary", "echo canary"))
+            .env("JOB_COMPLETION_INDEX", index.to_string())
+            .env("LANES", lanes)
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            format!("canary -c /config/canary.yaml run --lane {lane}")
+        );
+    }
+
+    let canary::store::StoreLocation::Postgres(target) = &config.store else {
+        panic!("not a PostgreSQL store: {:?}", config.store)
+    };
+    assert!(target.url.contains("sslmode=require"), "{}", target.url);
+    let password_env = target.password_env.as_deref().unwrap();
+    let secret = kind("Secret");
+    assert!(
+        secret["stringData"].get(password_env).is_some(),
+        "the Secret holds {password_env}"
+    );
+    let from_secrets: Vec<&str> = container["envFrom"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["secretRef"]["name"].as_str().unwrap())
+        .collect();
+    assert!(from_secrets.contains(&secret["metadata"]["name"].as_str().unwrap()));
+}

@@ -358,3 +358,65 @@ async fn a_history_copied_sqlite_to_postgres_and_back_reads_the_same() {
         text(&again.stderr)
     );
 }
+
+#[tokio::test]
+async fn the_store_password_never_reaches_output_logs_or_the_store() {
+    const SECRET: &str = "pg-pass-9d2e-never-print";
+    let server = TestServer::always(Reply::completion("answer", "m")).await;
+    let url = fresh_database();
+    let project = Project::new(
+        &[&format!(
+            "store: {{ url: {url}, password_env: TEST_PG_PASSWORD }}"
+        )],
+        &[LaneSpec::new("free", server.base_url())],
+    );
+    project.write_prompts("set.yaml", &prompts(2));
+    let env = [("TEST_PG_PASSWORD", SECRET), ("CANARY_LOG", "trace")];
+    let run = canary_with_env(&project, &["run", "--samples", "1"], &env).await;
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
+    let history = canary_with_env(&project, &["history", "--format", "json"], &env).await;
+    // A server that cannot be reached: the error names the store, never the password.
+    let (unreachable, _) = url.rsplit_once('/').unwrap();
+    let broken = project.file("broken.yaml");
+    std::fs::write(
+        &broken,
+        std::fs::read_to_string(project.path()).unwrap().replacen(
+            &url,
+            &format!(
+                "{}:1/nowhere",
+                &unreachable[..unreachable.rfind(':').unwrap()]
+            ),
+            1,
+        ),
+    )
+    .unwrap();
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_canary"))
+        .arg("-c")
+        .arg(&broken)
+        .arg("history")
+        .envs(env)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        text(&refused.stderr).contains("store postgres://canary@127.0.0.1:1/nowhere"),
+        "{}",
+        text(&refused.stderr)
+    );
+    let missing = canary_with_env(&project, &["history"], &[]).await;
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(
+        text(&missing.stderr)
+            .contains("TEST_PG_PASSWORD that `store.password_env` names is not set"),
+        "{}",
+        text(&missing.stderr)
+    );
+    for out in [&run, &history, &refused, &missing] {
+        assert!(!text(&out.stdout).contains(SECRET) && !text(&out.stderr).contains(SECRET));
+    }
+    assert!(!project.audit_text().contains(SECRET));
+    let store = project.store_with_env(&[("TEST_PG_PASSWORD", SECRET)]);
+    for result in store.results(1).unwrap() {
+        assert!(!format!("{result:?}").contains(SECRET));
+    }
+}

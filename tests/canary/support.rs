@@ -462,6 +462,16 @@ impl Project {
     pub fn store(&self) -> canary::store::Store {
         canary::store::Store::open(&self.config.store).expect("store opens")
     }
+
+    /// Opens the project's store, its env vars (a password) read from `env` only.
+    pub fn store_with_env(&self, env: &[(&str, &str)]) -> canary::store::Store {
+        let env: HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        canary::store::Store::open_with_env(&self.config.store, &move |name| env.get(name).cloned())
+            .expect("store opens")
+    }
 }
 
 /// Runs the `canary` binary on a project, with a hermetic kill-switch environment plus `env`.
