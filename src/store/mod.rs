@@ -535,8 +535,8 @@ impl Store {
     /// Marks runs still `running` whose lease has lapsed as `interrupted` (their runner died
     /// or lost the store), and drops lapsed leases. Returns the runs' ids.
     pub fn mark_lapsed(&self) -> Result<Vec<i64>, StoreError> {
-        let now = now();
         self.db(|db| {
+            let now = clock(db)?;
             let ids = db
                 .query(
                     "UPDATE runs SET status = 'interrupted'
@@ -625,10 +625,10 @@ impl Store {
         lanes: &[String],
         ttl: Duration,
     ) -> Result<(), StoreError> {
-        let now = now();
-        let until = later(ttl);
         let runner = runner();
         let held = self.db(|db| {
+            let now = clock(db)?;
+            let until = later(&now, ttl);
             let taken = transaction(db, true, |db| {
                 for lane in lanes {
                     let taken = db.query_opt(
@@ -689,8 +689,8 @@ impl Store {
     /// Extends the leases of `run_id` by `ttl` from now; returns how many it still held (fewer
     /// than it took means another runner took a lapsed one over).
     pub fn renew_leases(&self, run_id: i64, ttl: Duration) -> Result<u64, StoreError> {
-        let until = later(ttl);
         self.db(|db| {
+            let until = later(&clock(db)?, ttl);
             transaction(db, true, |db| {
                 let renewed = db.execute(
                     "UPDATE leases SET until = ?2 WHERE run_id = ?1",
@@ -715,8 +715,8 @@ impl Store {
 
     /// The live lease on `lane`, if a runner holds one.
     pub fn live_lease(&self, lane: &str) -> Result<Option<LeaseRow>, StoreError> {
-        let now = now();
         self.db(|db| {
+            let now = clock(db)?;
             db.query_opt(
                 "SELECT lane, run_id, runner, until FROM leases WHERE lane = ?1 AND until >= ?2",
                 params![lane, now.as_str()],
@@ -1086,10 +1086,10 @@ impl Store {
     /// Claims a pending alert for delivery by this runner for `ttl`: `true` when this runner
     /// is the one to send it; `false` when it was sent or another runner holds a live claim.
     pub fn claim_alert(&self, id: i64, ttl: Duration) -> Result<bool, StoreError> {
-        let now = now();
-        let until = later(ttl);
         let runner = runner();
         self.db(|db| {
+            let now = clock(db)?;
+            let until = later(&now, ttl);
             Ok(db.execute(
                 "UPDATE alerts SET claimed_by = ?2, claimed_until = ?3
                  WHERE id = ?1 AND status = 'pending'
@@ -1526,10 +1526,24 @@ fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
-/// `ttl` from now, as the store writes times.
-fn later(ttl: Duration) -> String {
+/// The database's clock, as the store writes times. Leases and claims are read and written
+/// by this one clock, so runners whose own clocks disagree still agree on when a lease lapses.
+fn clock(db: &mut dyn Db) -> Result<String, DbError> {
+    let sql = match db.dialect() {
+        Dialect::Sqlite => "SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+        Dialect::Postgres => {
+            "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
+        }
+    };
+    db.query_one(sql, params![])?.text(0)
+}
+
+/// `ttl` after `now` (a time the store wrote), as the store writes times.
+fn later(now: &str, ttl: Duration) -> String {
     let ttl = chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
-    chrono::Utc::now()
+    chrono::DateTime::parse_from_rfc3339(now)
+        .map(|t| t.to_utc())
+        .unwrap_or_else(|_| chrono::Utc::now())
         .checked_add_signed(ttl)
         .unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC)
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
@@ -1742,6 +1756,94 @@ mod tests {
         assert_eq!(store.pending_alerts().unwrap().len(), 1);
         assert_eq!(store.counts().unwrap(), (4, 4));
         assert_eq!(store.integrity_check().unwrap(), "ok");
+    }
+
+    #[test]
+    fn a_lane_lease_refuses_a_second_run_until_it_lapses_and_then_the_first_run_is_interrupted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path().join("c.db")).unwrap();
+        let lanes = ["free".to_string(), "paid".to_string()];
+        let first = store.begin_run("set", 1, &lanes).unwrap();
+        store
+            .acquire_leases(first, &lanes, Duration::from_millis(300))
+            .unwrap();
+        let lease = store.live_lease("free").unwrap().unwrap();
+        assert_eq!(lease.run_id, first);
+        assert!(
+            lease
+                .runner
+                .contains(&format!("pid {}", std::process::id()))
+        );
+        chrono::DateTime::parse_from_rfc3339(&lease.until).unwrap();
+
+        let second = store.begin_run("set", 1, &lanes[1..]).unwrap();
+        let held = store
+            .acquire_leases(second, &lanes[1..], Duration::from_secs(60))
+            .unwrap_err();
+        assert!(
+            matches!(&held, StoreError::LeaseHeld { lane, run_id, .. } if lane == "paid" && *run_id == first),
+            "{held}"
+        );
+        assert_eq!(
+            store
+                .renew_leases(first, Duration::from_millis(300))
+                .unwrap(),
+            2
+        );
+        assert!(
+            store.mark_lapsed().unwrap().is_empty(),
+            "a live lease is not lapsed"
+        );
+
+        std::thread::sleep(Duration::from_millis(400));
+        assert_eq!(store.live_lease("free").unwrap(), None);
+        assert_eq!(store.mark_lapsed().unwrap(), vec![first]);
+        assert_eq!(store.run(Some(first)).unwrap().status, "interrupted");
+        assert_eq!(store.run(Some(second)).unwrap().status, "running");
+        store
+            .acquire_leases(second, &lanes[1..], Duration::from_secs(60))
+            .unwrap();
+        store.finish_run(second, &[], &[], 0).unwrap();
+        assert_eq!(
+            store.live_lease("paid").unwrap(),
+            None,
+            "finishing releases"
+        );
+    }
+
+    #[test]
+    fn an_alert_is_stored_only_against_the_newest_alert_and_claimed_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("c.db")).unwrap();
+        let run = store.begin_run("set", 1, &["free".into()]).unwrap();
+        let alert = NewAlert {
+            run_id: run,
+            lane: "free",
+            kind: "drift",
+            signature: "s",
+            channel: "email",
+            subject: "s",
+            body_text: "b",
+            body_html: "b",
+        };
+        let ids = store
+            .insert_alerts_if_last("free", None, std::slice::from_ref(&alert))
+            .unwrap()
+            .unwrap();
+        // A runner that judged against "no alert yet" is too late now.
+        assert_eq!(
+            store
+                .insert_alerts_if_last("free", None, std::slice::from_ref(&alert))
+                .unwrap(),
+            None
+        );
+        assert_eq!(store.pending_alerts().unwrap().len(), 1);
+        assert!(store.claim_alert(ids[0], Duration::from_secs(60)).unwrap());
+        assert!(!store.claim_alert(ids[0], Duration::from_secs(60)).unwrap());
+        store.record_delivery(ids[0], Some("smtp down")).unwrap();
+        assert!(store.claim_alert(ids[0], Duration::from_secs(60)).unwrap());
+        store.record_delivery(ids[0], None).unwrap();
+        assert!(!store.claim_alert(ids[0], Duration::from_secs(60)).unwrap());
     }
 
     #[test]
