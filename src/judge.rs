@@ -179,6 +179,8 @@ pub struct Judge<'a> {
     rules: Rules,
     lane_order: Vec<String>,
     control: Option<String>,
+    /// Several runners write the store, so the control lane may be another runner's.
+    shared: bool,
 }
 
 impl<'a> Judge<'a> {
@@ -195,6 +197,7 @@ impl<'a> Judge<'a> {
             },
             lane_order: config.lanes.iter().map(|l| l.name.clone()).collect(),
             control: config.drift.control.clone(),
+            shared: config.store.is_shared(),
         }
     }
 
@@ -240,6 +243,7 @@ fn judge_run(judge: &Judge<'_>, run_id: i64, against: Against) -> Result<RunJudg
         judged.insert(lane, judged_lane);
     }
     if let Some(control) = control
+        && judge.shared
         && !lanes.iter().any(|l| l.as_str() == control)
         && judge.lane_order.iter().any(|l| l == control)
     {

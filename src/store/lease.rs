@@ -47,10 +47,12 @@ impl LeaseKeeper {
                 let every = ttl / 3;
                 while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
                     match store.renew_leases(run_id, ttl) {
-                        Ok(renewed) if (renewed as usize) < held => tracing::warn!(
+                        // Finished: its leases went with its verdicts.
+                        Ok(None) => break,
+                        Ok(Some(renewed)) if (renewed as usize) < held => tracing::warn!(
                             "run {run_id}: holds {renewed} of its {held} lane leases; another runner took over a lapsed one"
                         ),
-                        Ok(_) => {}
+                        Ok(Some(_)) => {}
                         Err(err) => tracing::warn!(
                             "run {run_id}: cannot renew its lane leases ({err}); they lapse in {} unless the store answers",
                             humantime::format_duration(ttl)

@@ -66,7 +66,9 @@ impl PostgresTarget {
     /// A target with the default lease, refusing a URL that carries a password: secrets are
     /// never written in the config.
     pub fn new(url: &str) -> Result<PostgresTarget, String> {
-        let config: postgres::Config = url
+        // `sslmode` is read by canary itself (the client knows fewer modes than libpq).
+        let (without_sslmode, _) = super::postgres::tls_mode(url);
+        let config: postgres::Config = without_sslmode
             .parse()
             .map_err(|err| format!("expected a PostgreSQL URL such as postgres://canary@db.internal/canary, found {}: {err}", redact(url)))?;
         if config.get_password().is_some() {
@@ -89,13 +91,19 @@ impl PostgresTarget {
     }
 }
 
-/// A URL with any password replaced, for messages.
+/// A URL with any password replaced, for messages: in its user info or a `password`
+/// parameter.
 pub fn redact(url: &str) -> String {
+    let url = &redact_parameter(url);
     let Some(scheme_end) = url.find("://") else {
         return url.to_owned();
     };
     let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    // The user info ends at the last `@` (a password may hold `/` or `?`).
+    let authority_end = match rest.rfind('@') {
+        Some(at) => at + rest[at..].find(['/', '?']).unwrap_or(rest.len() - at),
+        None => rest.find(['/', '?']).unwrap_or(rest.len()),
+    };
     let authority = &rest[..authority_end];
     match authority.rfind('@') {
         Some(at) => match authority[..at].find(':') {
@@ -109,6 +117,21 @@ pub fn redact(url: &str) -> String {
         },
         None => url.to_owned(),
     }
+}
+
+/// `password=...` in the query string, replaced.
+fn redact_parameter(url: &str) -> String {
+    let Some((base, query)) = url.split_once('?') else {
+        return url.to_owned();
+    };
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=[redacted]"),
+            _ => pair.to_owned(),
+        })
+        .collect();
+    format!("{base}?{}", pairs.join("&"))
 }
 
 impl From<&StoreLocation> for StoreLocation {
@@ -184,6 +207,41 @@ mod tests {
             "postgres://canary:[redacted]@db:5432/canary?sslmode=require"
         );
         assert_eq!(redact("postgres://canary@db/c"), "postgres://canary@db/c");
+    }
+
+    #[test]
+    fn a_password_in_a_parameter_or_with_odd_characters_is_never_repeated() {
+        for url in [
+            "postgres://canary@db/canary?password=hunter2",
+            "postgres://canary@db/canary?sslmode=require&PASSWORD=hunter2",
+            "postgres://canary:hun/ter?2@db/canary",
+        ] {
+            let shown = redact(url);
+            assert!(
+                !shown.contains("hunter2") && !shown.contains("hun/ter"),
+                "{shown}"
+            );
+            if let Err(err) = StoreLocation::parse(url, Path::new("/")) {
+                assert!(
+                    !err.contains("hunter2") && !err.contains("hun/ter"),
+                    "{err}"
+                );
+            }
+        }
+        let err = StoreLocation::parse(
+            "postgres://canary@db/canary?password=hunter2",
+            Path::new("/"),
+        )
+        .unwrap_err();
+        assert!(err.contains("carries a password"), "{err}");
+    }
+
+    #[test]
+    fn every_sslmode_canary_knows_parses() {
+        for mode in ["disable", "prefer", "require", "verify-ca", "verify-full"] {
+            let url = format!("postgres://canary@db/canary?sslmode={mode}");
+            assert!(StoreLocation::parse(&url, Path::new("/")).is_ok(), "{mode}");
+        }
     }
 
     #[test]

@@ -629,8 +629,33 @@ impl Store {
         let held = self.db(|db| {
             let now = clock(db)?;
             let until = later(&now, ttl);
+            // In one order, so two runners asking for overlapping lanes cannot deadlock.
+            let mut lanes = lanes.to_vec();
+            lanes.sort();
             let taken = transaction(db, true, |db| {
-                for lane in lanes {
+                for lane in &lanes {
+                    // A whole lane and its shards exclude each other; shards of it do not.
+                    let base = lane.split(" shard ").next().unwrap_or(lane);
+                    let prefix = format!("{base} shard ");
+                    let whole = base == lane.as_str();
+                    if let Some(other) = db.query_opt(
+                        "SELECT lane FROM leases
+                         WHERE until >= ?1 AND run_id != ?2
+                             AND (lane = ?3 OR lane = ?4
+                                  OR (?5 = 1 AND substr(lane, 1, ?6) = ?7))
+                         LIMIT 1",
+                        params![
+                            now.as_str(),
+                            run_id,
+                            base,
+                            lane.as_str(),
+                            whole,
+                            prefix.chars().count() as i64,
+                            prefix.as_str()
+                        ],
+                    )? {
+                        return Err(DbError::Refused(other.text(0)?));
+                    }
                     let taken = db.query_opt(
                         "INSERT INTO leases (lane, run_id, runner, until) VALUES (?1, ?2, ?3, ?4)
                          ON CONFLICT (lane) DO UPDATE SET run_id = excluded.run_id,
@@ -686,21 +711,25 @@ impl Store {
         }
     }
 
-    /// Extends the leases of `run_id` by `ttl` from now; returns how many it still held (fewer
-    /// than it took means another runner took a lapsed one over).
-    pub fn renew_leases(&self, run_id: i64, ttl: Duration) -> Result<u64, StoreError> {
+    /// Extends the leases of `run_id` by `ttl` from now. Returns how many it still holds
+    /// (fewer than it took means another runner took a lapsed one over), or `None` once the
+    /// run is no longer `running` (it finished, or was found dead).
+    pub fn renew_leases(&self, run_id: i64, ttl: Duration) -> Result<Option<u64>, StoreError> {
         self.db(|db| {
             let until = later(&clock(db)?, ttl);
             transaction(db, true, |db| {
+                let running = db.execute(
+                    "UPDATE runs SET lease_until = ?2 WHERE id = ?1 AND status = 'running'",
+                    params![run_id, until.as_str()],
+                )?;
+                if running == 0 {
+                    return Ok(None);
+                }
                 let renewed = db.execute(
                     "UPDATE leases SET until = ?2 WHERE run_id = ?1",
                     params![run_id, until.as_str()],
                 )?;
-                db.execute(
-                    "UPDATE runs SET lease_until = ?2 WHERE id = ?1 AND status = 'running'",
-                    params![run_id, until.as_str()],
-                )?;
-                Ok(renewed)
+                Ok(Some(renewed))
             })
         })
     }
@@ -741,6 +770,12 @@ impl Store {
         let committed = chrono::Utc::now();
         self.db(|db| {
             transaction(db, true, |db| {
+                if db.dialect() == Dialect::Postgres {
+                    db.execute(
+                        "SELECT pg_advisory_xact_lock_shared(?1)",
+                        params![WRITERS_LOCK],
+                    )?;
+                }
                 let started = db
                     .query_opt("SELECT started_at FROM runs WHERE id = ?1", params![run_id])?
                     .map(|row| row.text(0))
@@ -1200,10 +1235,11 @@ impl Store {
             .map(i64::to_string)
             .collect::<Vec<_>>()
             .join(", ");
+        // No baselines: nothing is kept for them (`NOT IN (NULL)` would keep everything).
         let keep = if keep.is_empty() {
-            "NULL".to_owned()
+            String::new()
         } else {
-            keep
+            format!("AND id NOT IN ({keep})")
         };
         let pruned = self.db(|db| {
             let (create, drop) = match db.dialect() {
@@ -1305,12 +1341,18 @@ fn prune_in(
     keep: &str,
     dry_run: bool,
 ) -> Result<Pruned, DbError> {
+    let postgres = db.dialect() == Dialect::Postgres;
+    if postgres {
+        // Waits for every result transaction in flight (they hold this lock shared), so no
+        // runner commits a result pointing at a text this prune removes.
+        db.execute("SELECT pg_advisory_xact_lock(?1)", params![WRITERS_LOCK])?;
+    }
     db.batch(create)?;
     db.execute(
         &format!(
             "INSERT INTO doomed (id) SELECT id FROM runs
              WHERE started_at < ?1 AND status != 'running'
-               AND id NOT IN ({keep})
+               {keep}
                AND id < (SELECT MAX(id) FROM runs)
                AND id NOT IN (SELECT run_id FROM alerts WHERE status = 'pending')
                AND id NOT IN (SELECT run_id FROM alerts
@@ -1326,11 +1368,21 @@ fn prune_in(
         texts: 0,
     };
     if dry_run {
-        pruned.texts = count(
-            "SELECT COUNT(*) FROM texts WHERE id NOT IN
-                 (SELECT output FROM results WHERE output IS NOT NULL
-                      AND run_id NOT IN (SELECT id FROM doomed))",
-        )?;
+        // SQLite runs `NOT IN` with a temporary index; PostgreSQL plans `NOT EXISTS` as a hash
+        // anti-join, where its `NOT IN` over a large subquery would be quadratic.
+        pruned.texts = if postgres {
+            count(
+                "SELECT COUNT(*) FROM texts t WHERE NOT EXISTS
+                     (SELECT 1 FROM results r WHERE r.output = t.id
+                          AND r.run_id NOT IN (SELECT id FROM doomed))",
+            )?
+        } else {
+            count(
+                "SELECT COUNT(*) FROM texts WHERE id NOT IN
+                     (SELECT output FROM results WHERE output IS NOT NULL
+                          AND run_id NOT IN (SELECT id FROM doomed))",
+            )?
+        };
         return Ok(pruned);
     }
     db.batch(
@@ -1342,8 +1394,12 @@ fn prune_in(
          DELETE FROM runs WHERE id IN (SELECT id FROM doomed);",
     )?;
     pruned.texts = db.execute(
-        "DELETE FROM texts WHERE id NOT IN
-             (SELECT output FROM results WHERE output IS NOT NULL)",
+        if postgres {
+            "DELETE FROM texts t WHERE NOT EXISTS (SELECT 1 FROM results r WHERE r.output = t.id)"
+        } else {
+            "DELETE FROM texts WHERE id NOT IN
+                 (SELECT output FROM results WHERE output IS NOT NULL)"
+        },
         params![],
     )? as i64;
     Ok(pruned)
@@ -1356,6 +1412,23 @@ fn insert_result(
     at_ms: i64,
     result: &NewResult<'_>,
 ) -> Result<(), DbError> {
+    // What a server sent is stored as the same text on both engines: PostgreSQL's text
+    // cannot hold NUL, so neither store does.
+    let output = result.output.map(storable);
+    let (model, fingerprint, finish_reason, error) = (
+        result.model.map(storable),
+        result.fingerprint.map(storable),
+        result.finish_reason.map(storable),
+        result.error.map(storable),
+    );
+    let result = &NewResult {
+        output: output.as_deref(),
+        model: model.as_deref(),
+        fingerprint: fingerprint.as_deref(),
+        finish_reason: finish_reason.as_deref(),
+        error: error.as_deref(),
+        ..result.clone()
+    };
     let lane = word(db, result.lane)?;
     let prompt_word = word(db, result.prompt_id)?;
     let prompt = prompt_version(db, prompt_word, result.prompt_hash)?;
@@ -1401,6 +1474,15 @@ fn insert_alert(db: &mut dyn Db, alert: &NewAlert<'_>) -> Result<i64, DbError> {
         ],
     )?
     .int(0)
+}
+
+/// `text` without NUL characters (each becomes U+FFFD).
+fn storable(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('\0') {
+        std::borrow::Cow::Owned(text.replace('\0', "\u{FFFD}"))
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
 }
 
 /// The id of `word`, adding it the first time.
@@ -1504,6 +1586,9 @@ fn lease_row(row: &db::Row) -> Result<LeaseRow, DbError> {
         until: row.text(3)?,
     })
 }
+
+/// The advisory lock result transactions hold shared and a prune takes alone (PostgreSQL).
+const WRITERS_LOCK: i64 = 0x6361_6e61_7279_0001;
 
 /// The advisory-lock key of a lane's alerts (PostgreSQL): the first 8 bytes of a SHA-256.
 fn lane_lock_key(lane: &str) -> i64 {
@@ -1788,7 +1873,7 @@ mod tests {
             store
                 .renew_leases(first, Duration::from_millis(300))
                 .unwrap(),
-            2
+            Some(2)
         );
         assert!(
             store.mark_lapsed().unwrap().is_empty(),
@@ -1809,6 +1894,59 @@ mod tests {
             None,
             "finishing releases"
         );
+
+        // Shards of a lane run side by side; the whole lane and a shard of it do not.
+        let ttl = Duration::from_secs(60);
+        let shard_one = store.begin_run("set", 1, &lanes[..1]).unwrap();
+        store
+            .acquire_leases(shard_one, &["free shard 1/2".into()], ttl)
+            .unwrap();
+        let shard_two = store.begin_run("set", 1, &lanes[..1]).unwrap();
+        store
+            .acquire_leases(shard_two, &["free shard 2/2".into()], ttl)
+            .unwrap();
+        let whole = store.begin_run("set", 1, &lanes[..1]).unwrap();
+        let err = store.acquire_leases(whole, &lanes[..1], ttl).unwrap_err();
+        assert!(matches!(err, StoreError::LeaseHeld { .. }), "{err}");
+        store.finish_run(shard_one, &[], &[], 0).unwrap();
+        store.finish_run(shard_two, &[], &[], 0).unwrap();
+        store.acquire_leases(whole, &lanes[..1], ttl).unwrap();
+        let late_shard = store.begin_run("set", 1, &lanes[..1]).unwrap();
+        let err = store
+            .acquire_leases(late_shard, &["free shard 1/2".into()], ttl)
+            .unwrap_err();
+        assert!(
+            matches!(&err, StoreError::LeaseHeld { lane, .. } if lane == "free"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn prune_without_any_baseline_still_removes_old_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path().join("c.db")).unwrap();
+        for _ in 0..3 {
+            let run = store.begin_run("set", 1, &["free".into()]).unwrap();
+            store
+                .insert_result(run, &result("a", 0, Some("x")))
+                .unwrap();
+            store.finish_run(run, &[], &[], 0).unwrap();
+        }
+        let pruned = store.prune("9999-01-01T00:00:00.000Z", &[], false).unwrap();
+        assert_eq!((pruned.runs, pruned.results), (2, 2), "all but the newest");
+    }
+
+    #[test]
+    fn a_nul_in_what_a_server_sent_is_stored_as_a_replacement_character() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path().join("c.db")).unwrap();
+        let run = store.begin_run("set", 1, &["free".into()]).unwrap();
+        let mut odd = result("a", 0, Some("yes\0no"));
+        odd.model = Some("m\0");
+        store.insert_result(run, &odd).unwrap();
+        let stored = &store.results(run).unwrap()[0];
+        assert_eq!(stored.output.as_deref(), Some("yes\u{FFFD}no"));
+        assert_eq!(stored.model.as_deref(), Some("m\u{FFFD}"));
     }
 
     #[test]

@@ -183,7 +183,7 @@ fn migrate_locked(db: &mut dyn Db) -> Result<Migrated, DbError> {
 
 /// The URL as the client parses it, and whether TLS is asked for. `verify-ca` and
 /// `verify-full` read as `require`: rustls always verifies the server's certificate.
-fn tls_mode(url: &str) -> (String, bool) {
+pub(crate) fn tls_mode(url: &str) -> (String, bool) {
     let Some((base, query)) = url.split_once('?') else {
         return (url.to_owned(), false);
     };
