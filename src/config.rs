@@ -439,7 +439,13 @@ impl<'de> Deserialize<'de> for RawStore {
                         ));
                     }
                     (Some(path), None) => path,
-                    (None, Some(url)) => url,
+                    (None, Some(url)) if crate::store::location::is_postgres_url(&url) => url,
+                    (None, Some(url)) => {
+                        return Err(serde::de::Error::custom(format!(
+                            "expected `store.url` to be a postgres:// or postgresql:// URL, found {}",
+                            crate::store::location::redact(&url)
+                        )));
+                    }
                     (None, None) => RawStore::default().location,
                 };
                 Ok(RawStore {
@@ -1269,6 +1275,48 @@ mod tests {
             .to_string();
         assert!(err.starts_with("/srv/canary/canary.yaml:2:9: "), "{err}");
         assert!(err.contains("at least 1d"), "{err}");
+    }
+
+    #[test]
+    fn a_postgres_store_takes_its_options_and_refuses_what_does_not_fit() {
+        let config = parse(&format!(
+            "store:\n  url: postgres://canary@db/canary?sslmode=verify-full\n  password_env: DB_PASS\n  ca_file: ca.pem\n  lease: 30s\n  keep: 400d\n{MINIMAL}"
+        ))
+        .unwrap();
+        let StoreLocation::Postgres(target) = &config.store else {
+            panic!("{:?}", config.store)
+        };
+        assert_eq!(target.password_env.as_deref(), Some("DB_PASS"));
+        assert_eq!(target.ca_file, Some(PathBuf::from("/srv/canary/ca.pem")));
+        assert_eq!(target.lease, Duration::from_secs(30));
+        assert!(config.store_keep.is_some());
+        for (yaml, expected) in [
+            (
+                "store:\n  url: postgress://canary@db/canary\n",
+                "postgres:// or postgresql:// URL",
+            ),
+            (
+                "store:\n  path: c.db\n  lease: 30s\n",
+                "are for a PostgreSQL store",
+            ),
+            (
+                "store:\n  url: postgres://canary@db/c\n  lease: 10ms\n",
+                "at least 1s",
+            ),
+            (
+                "store: postgres://canary:hunter2@db/c\n",
+                "carries a password",
+            ),
+            (
+                "store:\n  path: a.db\n  url: postgres://canary@db/c\n",
+                "not both",
+            ),
+        ] {
+            let err = parse(&format!("{yaml}{MINIMAL}")).unwrap_err().to_string();
+            assert!(err.starts_with("/srv/canary/canary.yaml:"), "{err}");
+            assert!(err.contains(expected), "{yaml}: {err}");
+            assert!(!err.contains("hunter2"), "{err}");
+        }
     }
 
     #[test]

@@ -166,7 +166,7 @@ async fn calibration_run(
     args: &AcceptArgs,
     samples: u32,
 ) -> anyhow::Result<i64> {
-    let _guard = RunGuard::take(&config.store)?;
+    let mut guard = RunGuard::take(&config.store)?;
     let mut store = Store::open(&config.store)?;
     if config.store.is_shared() {
         store.mark_lapsed()?;
@@ -184,6 +184,7 @@ async fn calibration_run(
     )?;
     let lanes: Vec<String> = plan.lanes.iter().map(|(l, _)| l.clone()).collect();
     let run_id = store.begin_run(&set.hash, plan.max_samples(), &lanes)?;
+    super::run::lease_lanes(config, &store, &mut guard, run_id, &lanes, None)?;
     tracing::info!("run {run_id}: calibrating with {samples} samples per prompt");
     execute(&plan, run_id, config, &router, &mut store).await?;
     store.finish_run(run_id, &[], &[], 0)?;

@@ -63,19 +63,14 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<i32> {
     let shard = args.shard.map(|s| s.to_string());
     let run_id =
         store.begin_run_with(&set.hash, plan.max_samples(), &lane_names, shard.as_deref())?;
-    if let StoreLocation::Postgres(target) = &config.store {
-        let keys = lease::keys(&lane_names, shard.as_deref());
-        if let Err(err) = store.acquire_leases(run_id, &keys, target.lease) {
-            store.discard_run(run_id)?;
-            return Err(err.into());
-        }
-        guard.keep(lease::LeaseKeeper::start(
-            &config.store,
-            run_id,
-            keys.len(),
-            target.lease,
-        )?);
-    }
+    lease_lanes(
+        &config,
+        &store,
+        &mut guard,
+        run_id,
+        &lane_names,
+        shard.as_deref(),
+    )?;
     guard.describe(&format!(
         "run {run_id} (pid {}, started {})",
         std::process::id(),
@@ -186,6 +181,34 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<i32> {
             Err(err)
         }
     }
+}
+
+/// In a shared store, takes run `run_id`'s leases on its lanes (or its shard of them) and keeps
+/// them renewed while `guard` lives; a lane another live run holds removes the new run and says
+/// who holds it.
+pub(crate) fn lease_lanes(
+    config: &crate::config::Config,
+    store: &Store,
+    guard: &mut RunGuard,
+    run_id: i64,
+    lanes: &[String],
+    shard: Option<&str>,
+) -> anyhow::Result<()> {
+    let StoreLocation::Postgres(target) = &config.store else {
+        return Ok(());
+    };
+    let keys = lease::keys(lanes, shard);
+    if let Err(err) = store.acquire_leases(run_id, &keys, target.lease) {
+        store.discard_run(run_id)?;
+        return Err(err.into());
+    }
+    guard.keep(lease::LeaseKeeper::start(
+        &config.store,
+        run_id,
+        keys.len(),
+        target.lease,
+    )?);
+    Ok(())
 }
 
 /// Longest a run waits for another runner still measuring the control lane.

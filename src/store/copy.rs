@@ -137,6 +137,15 @@ pub fn copy(from: &Store, to: &Store, progress: &dyn Fn(&str, u64)) -> Result<Co
             runs,
         });
     }
+    // Rows left by a copy that failed half-way: cleared, since no run refers to them.
+    to.with_db(|db| {
+        transaction(db, true, |db| {
+            for table in TABLES.iter().rev() {
+                db.execute(&format!("DELETE FROM {}", table.name), params![])?;
+            }
+            Ok(())
+        })
+    })?;
     let run_ids: Vec<i64> = from.with_db(|db| {
         db.query("SELECT id FROM runs ORDER BY id", params![])?
             .iter()

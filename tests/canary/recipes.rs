@@ -200,6 +200,16 @@ fn the_kubernetes_postgres_variant_runs_one_lane_per_index_with_the_password_fro
         panic!("not a PostgreSQL store: {:?}", config.store)
     };
     assert!(target.url.contains("sslmode=require"), "{}", target.url);
+    let ca = target
+        .ca_file
+        .as_deref()
+        .expect("a CA for the database's certificate");
+    let mounted = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| ca.starts_with(m["mountPath"].as_str().unwrap()) && m["name"] == "db-ca");
+    assert!(mounted, "{} is on a mounted volume", ca.display());
     let password_env = target.password_env.as_deref().unwrap();
     let secret = kind("Secret");
     assert!(

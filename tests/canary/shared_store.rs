@@ -18,7 +18,11 @@ fn prompts(n: usize) -> String {
 
 /// A project on a fresh PostgreSQL database with a short lease.
 fn shared(lanes: &[LaneSpec], top: &[&str]) -> Project {
-    let store = format!("store: {{ url: {}, lease: 2s }}", fresh_database());
+    shared_with_lease(lanes, top, "2s")
+}
+
+fn shared_with_lease(lanes: &[LaneSpec], top: &[&str], lease: &str) -> Project {
+    let store = format!("store: {{ url: {}, lease: {lease} }}", fresh_database());
     let mut lines = vec![store.as_str()];
     lines.extend_from_slice(top);
     Project::new(&lines, lanes)
@@ -75,12 +79,14 @@ async fn two_runners_measure_two_lanes_at_once_and_a_killed_one_keeps_its_result
     let paid =
         TestServer::always(Reply::completion("paid answer", "m").after(Duration::from_millis(100)))
             .await;
-    let project = shared(
+    // Long enough that the refused runner below surely starts while the lease holds.
+    let project = shared_with_lease(
         &[
             LaneSpec::new("free", free.base_url()).with("max_inflight: 1"),
             LaneSpec::new("paid", paid.base_url()).with("max_inflight: 1"),
         ],
         &[],
+        "6s",
     );
     project.write_prompts("set.yaml", &prompts(20));
 
@@ -134,7 +140,7 @@ async fn two_runners_measure_two_lanes_at_once_and_a_killed_one_keeps_its_result
     drop(store);
 
     // Once its lease lapses, the killed run reads as interrupted, and the lane is free again.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(Duration::from_millis(6500)).await;
     let history = runs(&project);
     let statuses: Vec<(String, String)> = history["runs"]
         .as_array()
