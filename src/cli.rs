@@ -393,7 +393,8 @@ pub struct PruneArgs {
     #[arg(long)]
     pub dry_run: bool,
 
-    /// Afterwards rewrite the file without its free space (takes a while on a big store).
+    /// Afterwards rewrite a SQLite file without its free space (takes a while on a big store);
+    /// on PostgreSQL, a plain VACUUM (space is reused, not returned to the file system).
     #[arg(long)]
     pub vacuum: bool,
 }

@@ -92,6 +92,8 @@ pub fn run(cli: &Cli, args: &PruneArgs) -> anyhow::Result<i32> {
                     bytesize::ByteSize(after),
                     if args.vacuum || report.pruned.runs == 0 {
                         ""
+                    } else if config.store.is_shared() {
+                        " (freed space is reused by later runs)"
                     } else {
                         " (freed pages are reused by later runs; --vacuum shrinks the file)"
                     }

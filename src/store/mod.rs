@@ -936,11 +936,16 @@ impl Store {
              JOIN words p ON p.id = pv.prompt
              JOIN served_as s ON s.id = r.served
              {join}
-             WHERE r.run_id = ?1 AND (CAST(?2 AS TEXT) IS NULL OR p.word = ?2)
-             ORDER BY l.word, p.word, r.sample"
+             WHERE r.run_id = ?1 {only}
+             ORDER BY l.word, p.word, r.sample",
+            only = only_prompt(prompt)
         );
         self.db(|db| {
-            db.query(&sql, params![run_id, prompt])?
+            let params = match prompt {
+                Some(prompt) => params![run_id, prompt],
+                None => params![run_id],
+            };
+            db.query(&sql, params)?
                 .iter()
                 .map(|row| {
                     Ok(StoredResult {
@@ -975,36 +980,40 @@ impl Store {
         run_id: i64,
         prompt: Option<&str>,
     ) -> Result<Vec<VerdictRow>, StoreError> {
+        let sql = format!(
+            "SELECT l.word, p.word, w.word, v.similarity, v.review, v.reasons, m.word, v.p_value
+             FROM verdicts v
+             JOIN words l ON l.id = v.lane
+             JOIN words p ON p.id = v.prompt
+             JOIN words w ON w.id = v.verdict
+             LEFT JOIN words m ON m.id = v.mode
+             WHERE v.run_id = ?1 {only}
+             ORDER BY l.word, p.word",
+            only = only_prompt(prompt)
+        );
         self.db(|db| {
-            db.query(
-                "SELECT l.word, p.word, w.word, v.similarity, v.review, v.reasons, m.word,
-                        v.p_value
-                 FROM verdicts v
-                 JOIN words l ON l.id = v.lane
-                 JOIN words p ON p.id = v.prompt
-                 JOIN words w ON w.id = v.verdict
-                 LEFT JOIN words m ON m.id = v.mode
-                 WHERE v.run_id = ?1 AND (CAST(?2 AS TEXT) IS NULL OR p.word = ?2)
-                 ORDER BY l.word, p.word",
-                params![run_id, prompt],
-            )?
-            .iter()
-            .map(|row| {
-                Ok(VerdictRow {
-                    lane: row.text(0)?,
-                    prompt_id: row.text(1)?,
-                    verdict: row.text(2)?,
-                    similarity: row.opt_real(3)?,
-                    review: row.bool(4)?,
-                    reasons: row
-                        .opt_text(5)?
-                        .map(|r| serde_json::from_str(&r).unwrap_or_default())
-                        .unwrap_or_default(),
-                    mode: row.opt_text(6)?,
-                    p_value: row.opt_real(7)?,
+            let params = match prompt {
+                Some(prompt) => params![run_id, prompt],
+                None => params![run_id],
+            };
+            db.query(&sql, params)?
+                .iter()
+                .map(|row| {
+                    Ok(VerdictRow {
+                        lane: row.text(0)?,
+                        prompt_id: row.text(1)?,
+                        verdict: row.text(2)?,
+                        similarity: row.opt_real(3)?,
+                        review: row.bool(4)?,
+                        reasons: row
+                            .opt_text(5)?
+                            .map(|r| serde_json::from_str(&r).unwrap_or_default())
+                            .unwrap_or_default(),
+                        mode: row.opt_text(6)?,
+                        p_value: row.opt_real(7)?,
+                    })
                 })
-            })
-            .collect()
+                .collect()
         })
     }
 
@@ -1331,6 +1340,17 @@ impl Store {
         work: impl FnOnce(&mut dyn Db) -> Result<R, DbError> + Send,
     ) -> Result<R, StoreError> {
         self.db(work)
+    }
+}
+
+/// The filter of a read limited to one prompt, or none. Two statements rather than one with
+/// `(?2 IS NULL OR ...)`: PostgreSQL's cached generic plan of that form loops over every
+/// prompt of a run.
+fn only_prompt(prompt: Option<&str>) -> &'static str {
+    if prompt.is_some() {
+        "AND p.word = ?2"
+    } else {
+        ""
     }
 }
 
