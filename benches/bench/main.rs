@@ -16,14 +16,15 @@ mod overhead;
 mod serve;
 mod year;
 
-const USAGE: &str = "usage: cargo bench --bench bench -- PART [--smoke]
+const USAGE: &str = "usage: cargo bench --bench bench -- PART [ARGS] [--smoke]
 
 parts:
   serve      a loopback lane answering after a fixed latency (for the peers benchmark)
   overhead   the router's added time per call against a bare reqwest client
   deadline   overshoot past a 200 ms deadline against hung and trickling servers
   huge       peak memory while a lane returns a 64 MiB body
-  year       a year of nightly history: store size, commit path, diff/history/report times";
+  year       a year of nightly history: store size, commit path, diff/history/report times;
+             `year --store postgres` on a PostgreSQL server of its own (scripts/postgres)";
 
 fn main() {
     // `cargo bench` passes `--bench`; ignore it.
