@@ -5,8 +5,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::smtp::{SmtpOptions, SmtpServer};
-use crate::stores::fresh_database;
+use crate::smtp::{SmtpOptions, SmtpServer, TestCertificates};
+use crate::stores::{fresh_database, start_tls_server};
 use crate::support::{LaneSpec, Project, Reply, TestServer, canary_with_env, prompt_of, text};
 
 /// `n` prompts `p00`, `p01`, ...
@@ -425,4 +425,64 @@ async fn the_store_password_never_reaches_output_logs_or_the_store() {
     for result in store.results(1).unwrap() {
         assert!(!format!("{result:?}").contains(SECRET));
     }
+}
+
+#[tokio::test]
+async fn a_store_asking_for_tls_verifies_the_server_and_sends_the_password_only_inside_it() {
+    let certs = TestCertificates::new();
+    let dir = tempfile::tempdir().unwrap();
+    let url = tokio::task::spawn_blocking({
+        let (data, cert, key) = (dir.path().join("pg"), certs.cert.clone(), certs.key.clone());
+        move || start_tls_server(&data, &cert, &key)
+    })
+    .await
+    .unwrap();
+    let server = TestServer::always(Reply::completion("answer", "m")).await;
+    let project = |store: &str| {
+        let project = Project::new(&[store], &[LaneSpec::new("free", server.base_url())]);
+        project.write_prompts("set.yaml", &prompts(2));
+        project
+    };
+    let ca = certs.ca.display().to_string();
+    let password = [("TEST_TLS_PG_PASSWORD", "canary")];
+    let verified = project(&format!(
+        "store: {{ url: \"{url}?sslmode=verify-full\", password_env: TEST_TLS_PG_PASSWORD, ca_file: {ca} }}"
+    ));
+    let run = canary_with_env(&verified, &["run", "--samples", "1"], &password).await;
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
+    assert_eq!(
+        verified.store_with_env(&password).results(1).unwrap().len(),
+        2
+    );
+
+    // Without the CA the certificate is not trusted; without TLS the server refuses.
+    let untrusted = project(&format!(
+        "store: {{ url: \"{url}?sslmode=require\", password_env: TEST_TLS_PG_PASSWORD }}"
+    ));
+    let out = canary_with_env(&untrusted, &["history"], &password).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).to_lowercase().contains("certificate"),
+        "{}",
+        text(&out.stderr)
+    );
+    let plain = project(&format!(
+        "store: {{ url: \"{url}\", password_env: TEST_TLS_PG_PASSWORD }}"
+    ));
+    let out = canary_with_env(&plain, &["history"], &password).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    // With TLS and a wrong password the server says no, and the password is not repeated.
+    let out = canary_with_env(
+        &verified,
+        &["history"],
+        &[("TEST_TLS_PG_PASSWORD", "wrong-pass-7c1e")],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("password authentication failed"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("wrong-pass-7c1e"), "{stderr}");
 }

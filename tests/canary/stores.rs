@@ -44,15 +44,38 @@ pub fn server_url() -> &'static str {
 /// Starts a PostgreSQL server with its data under `dir` (stopped by its watchdog when this
 /// process ends, or by `scripts/postgres stop DIR`); its URL. `fast` turns fsync off.
 pub fn start_server(dir: &std::path::Path, fast: bool) -> String {
-    let output =
-        std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/postgres"))
-            .arg("start")
-            .arg(dir)
-            .env("CANARY_PG_OWNER", std::process::id().to_string())
-            .env("CANARY_PG_FAST", if fast { "1" } else { "0" })
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .expect("run scripts/postgres");
+    start(dir, fast, None)
+}
+
+/// Starts a server that accepts only TLS (with `cert` and `key`, PEM) and asks `canary` for its
+/// password, `canary`; its URL (without `sslmode`).
+pub fn start_tls_server(
+    dir: &std::path::Path,
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> String {
+    start(dir, true, Some((cert, key)))
+}
+
+fn start(
+    dir: &std::path::Path,
+    fast: bool,
+    tls: Option<(&std::path::Path, &std::path::Path)>,
+) -> String {
+    let mut command =
+        std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/postgres"));
+    command
+        .arg("start")
+        .arg(dir)
+        .env("CANARY_PG_OWNER", std::process::id().to_string())
+        .env("CANARY_PG_FAST", if fast { "1" } else { "0" })
+        .stderr(std::process::Stdio::inherit());
+    if let Some((cert, key)) = tls {
+        command
+            .env("CANARY_PG_TLS_CERT", cert)
+            .env("CANARY_PG_TLS_KEY", key);
+    }
+    let output = command.output().expect("run scripts/postgres");
     assert!(
         output.status.success(),
         "scripts/postgres start failed: {}",
