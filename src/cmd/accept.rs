@@ -168,9 +168,8 @@ async fn calibration_run(
 ) -> anyhow::Result<i64> {
     let mut guard = RunGuard::take(&config.store)?;
     let mut store = Store::open(&config.store)?;
-    if config.store.is_shared() {
-        store.mark_lapsed()?;
-    } else {
+    // A shared store marked the runs whose leases lapsed as it opened.
+    if !config.store.is_shared() {
         store.mark_interrupted()?;
     }
     let router = Router::new(config, &process_env)?;

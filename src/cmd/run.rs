@@ -26,15 +26,14 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> anyhow::Result<i32> {
     }
     let mut guard = RunGuard::take(&config.store)?;
     let mut store = Store::open(&config.store)?;
-    // With the file lock held no other run is alive; in a shared store, only runs whose
-    // leases lapsed are dead.
-    let dead = if config.store.is_shared() {
-        store.mark_lapsed()?
-    } else {
-        store.mark_interrupted()?
-    };
-    for id in dead {
-        tracing::warn!("run {id} was interrupted before it finished; its stored results are kept");
+    // With the file lock held no other run is alive. (A shared store marked the runs whose
+    // leases lapsed as it opened.)
+    if !config.store.is_shared() {
+        for id in store.mark_interrupted()? {
+            tracing::warn!(
+                "run {id} was interrupted before it finished; its stored results are kept"
+            );
+        }
     }
     let router = Router::new(&config, &process_env)?;
     let plan = plan(

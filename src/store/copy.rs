@@ -130,7 +130,7 @@ pub enum CopyError {
 /// Copies every row of `from` into the empty store `to`, then verifies the target against
 /// the source. `progress` hears about each table as it is done.
 pub fn copy(from: &Store, to: &Store, progress: &dyn Fn(&str, u64)) -> Result<Copied, CopyError> {
-    let runs = to.with_db(|db| db.query_one("SELECT COUNT(*) FROM runs", params![])?.int(0))?;
+    let runs = to.db(|db| db.query_one("SELECT COUNT(*) FROM runs", params![])?.int(0))?;
     if runs > 0 {
         return Err(CopyError::NotEmpty {
             target: to.location().to_string(),
@@ -138,7 +138,7 @@ pub fn copy(from: &Store, to: &Store, progress: &dyn Fn(&str, u64)) -> Result<Co
         });
     }
     // Rows left by a copy that failed half-way: cleared, since no run refers to them.
-    to.with_db(|db| {
+    to.db(|db| {
         transaction(db, true, |db| {
             for table in TABLES.iter().rev() {
                 db.execute(&format!("DELETE FROM {}", table.name), params![])?;
@@ -146,7 +146,7 @@ pub fn copy(from: &Store, to: &Store, progress: &dyn Fn(&str, u64)) -> Result<Co
             Ok(())
         })
     })?;
-    let run_ids: Vec<i64> = from.with_db(|db| {
+    let run_ids: Vec<i64> = from.db(|db| {
         db.query("SELECT id FROM runs ORDER BY id", params![])?
             .iter()
             .map(|row| row.int(0))
@@ -166,7 +166,7 @@ pub fn copy(from: &Store, to: &Store, progress: &dyn Fn(&str, u64)) -> Result<Co
                     .collect::<Vec<_>>()
                     .join(", ")
             );
-            to.with_db(|db| {
+            to.db(|db| {
                 transaction(db, true, |db| {
                     for row in rows {
                         let params: Vec<Param<'_>> = row.0.iter().map(Value::as_param).collect();
@@ -177,7 +177,7 @@ pub fn copy(from: &Store, to: &Store, progress: &dyn Fn(&str, u64)) -> Result<Co
             })
         })?;
         if table.identity {
-            to.with_db(|db| advance_identity(db, table.name))?;
+            to.db(|db| advance_identity(db, table.name))?;
         }
         progress(table.name, digest.rows);
         copied
@@ -222,7 +222,7 @@ fn for_each_page(
             table.columns, table.name, table.order
         );
         for run in run_ids {
-            let rows = store.with_db(|db| db.query(&sql, params![*run]))?;
+            let rows = store.db(|db| db.query(&sql, params![*run]))?;
             if !rows.is_empty() {
                 each(&rows)?;
             }
@@ -235,7 +235,7 @@ fn for_each_page(
     );
     let mut after = i64::MIN;
     loop {
-        let rows = store.with_db(|db| db.query(&sql, params![after, PAGE]))?;
+        let rows = store.db(|db| db.query(&sql, params![after, PAGE]))?;
         let Some(last) = rows.last() else {
             return Ok(());
         };

@@ -39,7 +39,7 @@ impl LeaseKeeper {
         held: usize,
         ttl: Duration,
     ) -> Result<LeaseKeeper, StoreError> {
-        let store = Store::open(location)?;
+        let store = Store::connect(location)?;
         let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("canary-lease".into())

@@ -326,14 +326,40 @@ impl Store {
         Store::open_with_env(&location.into(), &|name| std::env::var(name).ok())
     }
 
-    /// [`Store::open`], reading env vars through `env`.
+    /// [`Store::open`], reading env vars through `env`. A shared store's runs whose leases
+    /// lapsed are marked `interrupted` as it opens, so every command shows them as they are.
     pub fn open_with_env(
+        location: &StoreLocation,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Store, StoreError> {
+        let mut store = Store::connect_with_env(location, env)?;
+        match location {
+            StoreLocation::Sqlite(path) => store.migrate_sqlite(path)?,
+            StoreLocation::Postgres(_) => {
+                store.migrate_postgres()?;
+                for id in store.mark_lapsed()? {
+                    tracing::warn!(
+                        "run {id} stopped renewing its lane leases (its runner died); marked interrupted, its stored results are kept"
+                    );
+                }
+            }
+        }
+        Ok(store)
+    }
+
+    /// Another connection to a store this process has already opened (migrated): for the
+    /// threads that commit results and renew leases.
+    pub(crate) fn connect(location: &StoreLocation) -> Result<Store, StoreError> {
+        Store::connect_with_env(location, &|name| std::env::var(name).ok())
+    }
+
+    fn connect_with_env(
         location: &StoreLocation,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Store, StoreError> {
         let name = location.to_string();
         match location {
-            StoreLocation::Sqlite(path) => Store::open_sqlite(path, location, name),
+            StoreLocation::Sqlite(path) => Store::connect_sqlite(path, location, name),
             StoreLocation::Postgres(target) => {
                 let conn = postgres::PgConn::connect(target, env).map_err(|source| {
                     StoreError::Connect {
@@ -341,19 +367,16 @@ impl Store {
                         source,
                     }
                 })?;
-                let mut store = Store {
+                Ok(Store {
                     backend: Backend::Postgres(Box::new(Mutex::new(conn))),
                     location: location.clone(),
                     name,
-                };
-                store.migrate_postgres()?;
-                store.mark_lapsed()?;
-                Ok(store)
+                })
             }
         }
     }
 
-    fn open_sqlite(
+    fn connect_sqlite(
         path: &Path,
         location: &StoreLocation,
         name: String,
@@ -374,13 +397,11 @@ impl Store {
             "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;",
         )
         .map_err(sql)?;
-        let mut store = Store {
+        Ok(Store {
             backend: Backend::Sqlite(conn),
             location: location.clone(),
             name,
-        };
-        store.migrate_sqlite(path)?;
-        Ok(store)
+        })
     }
 
     /// Where the store is.
@@ -404,7 +425,7 @@ impl Store {
     }
 
     /// Runs `work` against the database: the one place the two engines meet.
-    fn db<R: Send>(
+    pub(crate) fn db<R: Send>(
         &self,
         work: impl FnOnce(&mut dyn Db) -> Result<R, DbError> + Send,
     ) -> Result<R, StoreError> {
@@ -926,6 +947,7 @@ impl Store {
         } else {
             ("CAST(NULL AS TEXT)", "")
         };
+        let (only, params) = of_run(run_id, prompt);
         let sql = format!(
             "SELECT r.run_id, l.word, p.word, pv.hash, r.sample, s.outcome, {column}, s.model,
                     s.fingerprint, s.finish_reason, r.completion_tokens, r.queue_ms,
@@ -937,15 +959,10 @@ impl Store {
              JOIN served_as s ON s.id = r.served
              {join}
              WHERE r.run_id = ?1 {only}
-             ORDER BY l.word, p.word, r.sample",
-            only = only_prompt(prompt)
+             ORDER BY l.word, p.word, r.sample"
         );
         self.db(|db| {
-            let params = match prompt {
-                Some(prompt) => params![run_id, prompt],
-                None => params![run_id],
-            };
-            db.query(&sql, params)?
+            db.query(&sql, &params)?
                 .iter()
                 .map(|row| {
                     Ok(StoredResult {
@@ -980,6 +997,7 @@ impl Store {
         run_id: i64,
         prompt: Option<&str>,
     ) -> Result<Vec<VerdictRow>, StoreError> {
+        let (only, params) = of_run(run_id, prompt);
         let sql = format!(
             "SELECT l.word, p.word, w.word, v.similarity, v.review, v.reasons, m.word, v.p_value
              FROM verdicts v
@@ -988,15 +1006,10 @@ impl Store {
              JOIN words w ON w.id = v.verdict
              LEFT JOIN words m ON m.id = v.mode
              WHERE v.run_id = ?1 {only}
-             ORDER BY l.word, p.word",
-            only = only_prompt(prompt)
+             ORDER BY l.word, p.word"
         );
         self.db(|db| {
-            let params = match prompt {
-                Some(prompt) => params![run_id, prompt],
-                None => params![run_id],
-            };
-            db.query(&sql, params)?
+            db.query(&sql, &params)?
                 .iter()
                 .map(|row| {
                     Ok(VerdictRow {
@@ -1333,24 +1346,15 @@ impl Store {
             }
         })
     }
-
-    /// Runs `work` against the database, for the store's own modules (`copy`).
-    pub(crate) fn with_db<R: Send>(
-        &self,
-        work: impl FnOnce(&mut dyn Db) -> Result<R, DbError> + Send,
-    ) -> Result<R, StoreError> {
-        self.db(work)
-    }
 }
 
-/// The filter of a read limited to one prompt, or none. Two statements rather than one with
-/// `(?2 IS NULL OR ...)`: PostgreSQL's cached generic plan of that form loops over every
-/// prompt of a run.
-fn only_prompt(prompt: Option<&str>) -> &'static str {
-    if prompt.is_some() {
-        "AND p.word = ?2"
-    } else {
-        ""
+/// The filter (beyond `run_id = ?1`) and parameters of a read of one run, of one prompt only
+/// when it is given. Two statements rather than one with `(?2 IS NULL OR ...)`: PostgreSQL's
+/// cached generic plan of that form loops over every prompt of a run.
+fn of_run(run_id: i64, prompt: Option<&str>) -> (&'static str, Vec<Param<'_>>) {
+    match prompt {
+        Some(prompt) => ("AND p.word = ?2", vec![run_id.into(), prompt.into()]),
+        None => ("", vec![run_id.into()]),
     }
 }
 
@@ -1797,7 +1801,7 @@ mod tests {
         assert!(verdicts[1].reasons.is_empty());
         assert_eq!(store.counts().unwrap(), (3, 1));
         let at: Vec<i64> = store
-            .with_db(|db| {
+            .db(|db| {
                 db.query("SELECT at_ms FROM results ORDER BY at_ms", params![])?
                     .iter()
                     .map(|row| row.int(0))

@@ -41,6 +41,9 @@ pub enum ConnectError {
         /// Why.
         message: String,
     },
+    /// rustls could not be set up.
+    #[error("cannot set up TLS to the store: {0}")]
+    Tls(String),
     /// The server refused or could not be reached.
     #[error(transparent)]
     Db(#[from] DbError),
@@ -229,17 +232,10 @@ fn tls_connector(
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|err| ca_error_plain(err.to_string()))?
+        .map_err(|err| ConnectError::Tls(err.to_string()))?
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
-}
-
-fn ca_error_plain(message: String) -> ConnectError {
-    ConnectError::CaFile {
-        path: "(TLS set-up)".into(),
-        message,
-    }
 }
 
 #[cfg(test)]

@@ -82,7 +82,7 @@ impl GroupWriter {
         location: impl Into<StoreLocation>,
         run_id: i64,
     ) -> Result<GroupWriter, StoreError> {
-        let mut store = Store::open(location)?;
+        let mut store = Store::connect(&location.into())?;
         let (sender, receiver) = mpsc::channel::<OwnedResult>();
         let thread = std::thread::Builder::new()
             .name("canary-store".into())

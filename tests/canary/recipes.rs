@@ -104,15 +104,22 @@ fn the_systemd_service_and_timer_run_canary_nightly() {
     }
 }
 
+/// The documents of a multi-document Kubernetes recipe.
+fn manifests(path: &str) -> Vec<serde_json::Value> {
+    serde_saphyr::from_str_multiple(&recipe(path)).unwrap()
+}
+
+/// The document of `kind` among `docs`.
+fn of_kind<'a>(docs: &'a [serde_json::Value], kind: &str) -> &'a serde_json::Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind}"))
+}
+
 #[test]
 fn the_kubernetes_cronjob_forbids_overlap_keeps_the_store_on_a_volume_and_ships_a_valid_config() {
-    let docs: Vec<serde_json::Value> =
-        serde_saphyr::from_str_multiple(&recipe("kubernetes/cronjob.yaml")).unwrap();
-    let kind = |k: &str| {
-        docs.iter()
-            .find(|d| d["kind"] == k)
-            .unwrap_or_else(|| panic!("no {k}"))
-    };
+    let docs = manifests("kubernetes/cronjob.yaml");
+    let kind = |k: &str| of_kind(&docs, k);
     let cronjob = kind("CronJob");
     assert_eq!(cronjob["spec"]["concurrencyPolicy"], "Forbid");
     parse_expression(cronjob["spec"]["schedule"].as_str().unwrap()).unwrap();
@@ -151,13 +158,8 @@ fn the_kubernetes_cronjob_forbids_overlap_keeps_the_store_on_a_volume_and_ships_
 
 #[test]
 fn the_kubernetes_postgres_variant_runs_one_lane_per_index_with_the_password_from_a_secret() {
-    let docs: Vec<serde_json::Value> =
-        serde_saphyr::from_str_multiple(&recipe("kubernetes/postgres.yaml")).unwrap();
-    let kind = |k: &str| {
-        docs.iter()
-            .find(|d| d["kind"] == k)
-            .unwrap_or_else(|| panic!("no {k}"))
-    };
+    let docs = manifests("kubernetes/postgres.yaml");
+    let kind = |k: &str| of_kind(&docs, k);
     let cronjob = kind("CronJob");
     assert_eq!(cronjob["spec"]["concurrencyPolicy"], "Forbid");
     parse_expression(cronjob["spec"]["schedule"].as_str().unwrap()).unwrap();
