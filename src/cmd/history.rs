@@ -20,12 +20,13 @@ pub fn run(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<i32> {
     }
     let runs = store.runs(args.limit)?;
     let mut rows = Vec::new();
+    // Only what the table shows: no output texts, one prompt's rows when asked for one.
+    let window = store.window(&runs, args.prompt.as_deref())?;
     for run in &runs {
-        // Only what the table shows: no output texts, one prompt's rows when asked for one.
-        let verdict_rows = store.verdicts_of(run.id, args.prompt.as_deref())?;
-        let results = store.results_of(run.id, args.prompt.as_deref(), false)?;
-        let latency = report::latency(&results);
-        let lane_verdicts = store.lane_verdicts(run.id)?;
+        let verdict_rows = window.verdicts(run.id);
+        let results = window.results(run.id);
+        let latency = report::latency(results);
+        let lane_verdicts = window.lane_verdicts(run.id);
         for lane in &run.lanes {
             if args.lane.as_ref().is_some_and(|l| l != lane) {
                 continue;

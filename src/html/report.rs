@@ -76,12 +76,13 @@ pub fn history(
         .collect();
     let mut runs = store.runs_through(through, limit)?;
     runs.reverse();
+    // Outcomes and timings only: the texts of past runs are not shown.
+    let window = store.window(&runs, None)?;
     for run in runs {
-        let verdicts = store.verdicts(run.id)?;
-        let lane_verdicts = store.lane_verdicts(run.id)?;
-        // Outcomes and timings only: the texts of past runs are not shown.
-        let results = store.results_of(run.id, None, false)?;
-        let latency = latency(&results);
+        let verdicts = window.verdicts(run.id);
+        let lane_verdicts = window.lane_verdicts(run.id);
+        let results = window.results(run.id);
+        let latency = latency(results);
         for history in &mut histories {
             if !run.lanes.contains(&history.lane) {
                 continue;

@@ -9,6 +9,7 @@
 
 pub mod copy;
 pub mod db;
+mod ids;
 pub mod lease;
 pub mod location;
 pub mod lock;
@@ -16,6 +17,8 @@ mod migrations;
 pub mod postgres;
 pub mod writer;
 
+use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -304,9 +307,35 @@ pub struct LeaseRow {
     pub until: String,
 }
 
+/// What a window of runs stored, per run: see [`Store::window`].
+#[derive(Debug, Default)]
+pub struct Window {
+    results: BTreeMap<i64, Vec<StoredResult>>,
+    verdicts: BTreeMap<i64, Vec<VerdictRow>>,
+    lane_verdicts: BTreeMap<i64, Vec<LaneVerdictRow>>,
+}
+
+impl Window {
+    /// A run's results, without their texts.
+    pub fn results(&self, run: i64) -> &[StoredResult] {
+        self.results.get(&run).map_or(&[], Vec::as_slice)
+    }
+
+    /// A run's verdicts.
+    pub fn verdicts(&self, run: i64) -> &[VerdictRow] {
+        self.verdicts.get(&run).map_or(&[], Vec::as_slice)
+    }
+
+    /// A run's lane verdicts.
+    pub fn lane_verdicts(&self, run: i64) -> &[LaneVerdictRow] {
+        self.lane_verdicts.get(&run).map_or(&[], Vec::as_slice)
+    }
+}
+
 /// The store.
 pub struct Store {
     backend: Backend,
+    ids: ids::Ids,
     location: StoreLocation,
     name: String,
 }
@@ -369,6 +398,7 @@ impl Store {
                 })?;
                 Ok(Store {
                     backend: Backend::Postgres(Box::new(Mutex::new(conn))),
+                    ids: ids::Ids::default(),
                     location: location.clone(),
                     name,
                 })
@@ -399,6 +429,7 @@ impl Store {
         .map_err(sql)?;
         Ok(Store {
             backend: Backend::Sqlite(conn),
+            ids: ids::Ids::default(),
             location: location.clone(),
             name,
         })
@@ -789,27 +820,35 @@ impl Store {
         results: &[NewResult<'_>],
     ) -> Result<(), StoreError> {
         let committed = chrono::Utc::now();
-        self.db(|db| {
-            transaction(db, true, |db| {
-                if db.dialect() == Dialect::Postgres {
-                    db.execute(
-                        "SELECT pg_advisory_xact_lock_shared(?1)",
-                        params![WRITERS_LOCK],
-                    )?;
-                }
-                let started = db
-                    .query_opt("SELECT started_at FROM runs WHERE id = ?1", params![run_id])?
-                    .map(|row| row.text(0))
-                    .transpose()?;
-                let at_ms = started
-                    .and_then(|s| chrono::DateTime::parse_from_rfc3339(&s).ok())
-                    .map_or(0, |s| (committed - s.to_utc()).num_milliseconds().max(0));
-                for result in results {
-                    insert_result(db, run_id, at_ms, result)?;
-                }
-                Ok(())
-            })
+        self.write(|db, ids| {
+            if db.dialect() == Dialect::Postgres {
+                db.execute(
+                    "SELECT pg_advisory_xact_lock_shared(?1)",
+                    params![WRITERS_LOCK],
+                )?;
+            }
+            let at_ms = ids
+                .started(db, run_id)?
+                .and_then(|s| chrono::DateTime::parse_from_rfc3339(&s).ok())
+                .map_or(0, |s| (committed - s.to_utc()).num_milliseconds().max(0));
+            for result in results {
+                insert_result(db, ids, run_id, at_ms, result)?;
+            }
+            Ok(())
         })
+    }
+
+    /// Runs `work` in a write transaction with the ids the store knows; the ids it adds become
+    /// known only if it commits.
+    fn write<R: Send>(
+        &mut self,
+        work: impl FnOnce(&mut dyn Db, &mut ids::Ids) -> Result<R, DbError> + Send,
+    ) -> Result<R, StoreError> {
+        let mut ids = std::mem::take(&mut self.ids);
+        let result = self.db(|db| transaction(db, true, |db| work(db, &mut ids)));
+        ids.settle(result.is_ok());
+        self.ids = ids;
+        result
     }
 
     /// Stores the verdicts of a run (replacing any earlier ones) and ends it.
@@ -821,60 +860,58 @@ impl Store {
         exit_code: i32,
     ) -> Result<(), StoreError> {
         let finished = now();
-        self.db(|db| {
-            transaction(db, true, |db| {
-                db.execute("DELETE FROM verdicts WHERE run_id = ?1", params![run_id])?;
+        self.write(|db, ids| {
+            db.execute("DELETE FROM verdicts WHERE run_id = ?1", params![run_id])?;
+            db.execute(
+                "DELETE FROM lane_verdicts WHERE run_id = ?1",
+                params![run_id],
+            )?;
+            for item in items {
+                let reasons = (!item.reasons.is_empty())
+                    .then(|| serde_json::to_string(&item.reasons).unwrap_or_default());
+                let lane = ids.word(db, &item.lane)?;
+                let prompt = ids.word(db, &item.prompt_id)?;
+                let verdict = ids.word(db, &item.verdict)?;
+                let mode = item.mode.as_deref().map(|m| ids.word(db, m)).transpose()?;
                 db.execute(
-                    "DELETE FROM lane_verdicts WHERE run_id = ?1",
-                    params![run_id],
+                    "INSERT INTO verdicts (run_id, lane, prompt, verdict, similarity, review,
+                         reasons, mode, p_value)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                    params![
+                        run_id,
+                        lane,
+                        prompt,
+                        verdict,
+                        item.similarity,
+                        item.review,
+                        reasons.as_deref(),
+                        mode,
+                        item.p_value
+                    ],
                 )?;
-                for item in items {
-                    let reasons = (!item.reasons.is_empty())
-                        .then(|| serde_json::to_string(&item.reasons).unwrap_or_default());
-                    let lane = word(db, &item.lane)?;
-                    let prompt = word(db, &item.prompt_id)?;
-                    let verdict = word(db, &item.verdict)?;
-                    let mode = item.mode.as_deref().map(|m| word(db, m)).transpose()?;
-                    db.execute(
-                        "INSERT INTO verdicts (run_id, lane, prompt, verdict, similarity, review,
-                             reasons, mode, p_value)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                        params![
-                            run_id,
-                            lane,
-                            prompt,
-                            verdict,
-                            item.similarity,
-                            item.review,
-                            reasons.as_deref(),
-                            mode,
-                            item.p_value
-                        ],
-                    )?;
-                }
-                for lane in lanes {
-                    db.execute(
-                        "INSERT INTO lane_verdicts (run_id, lane, verdict, reasons, p_value)
-                         VALUES (?1, ?2, ?3, ?4, ?5)",
-                        params![
-                            run_id,
-                            lane.lane.as_str(),
-                            lane.verdict.as_str(),
-                            serde_json::to_string(&lane.reasons)
-                                .unwrap_or_default()
-                                .as_str(),
-                            lane.p_value
-                        ],
-                    )?;
-                }
+            }
+            for lane in lanes {
                 db.execute(
-                    "UPDATE runs SET status = 'finished', finished_at = ?2, exit_code = ?3
-                     WHERE id = ?1",
-                    params![run_id, finished.as_str(), i64::from(exit_code)],
+                    "INSERT INTO lane_verdicts (run_id, lane, verdict, reasons, p_value)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![
+                        run_id,
+                        lane.lane.as_str(),
+                        lane.verdict.as_str(),
+                        serde_json::to_string(&lane.reasons)
+                            .unwrap_or_default()
+                            .as_str(),
+                        lane.p_value
+                    ],
                 )?;
-                db.execute("DELETE FROM leases WHERE run_id = ?1", params![run_id])?;
-                Ok(())
-            })
+            }
+            db.execute(
+                "UPDATE runs SET status = 'finished', finished_at = ?2, exit_code = ?3
+                 WHERE id = ?1",
+                params![run_id, finished.as_str(), i64::from(exit_code)],
+            )?;
+            db.execute("DELETE FROM leases WHERE run_id = ?1", params![run_id])?;
+            Ok(())
         })
     }
 
@@ -942,12 +979,23 @@ impl Store {
         prompt: Option<&str>,
         text: bool,
     ) -> Result<Vec<StoredResult>, StoreError> {
+        self.results_in(run_id..=run_id, prompt, text)
+    }
+
+    /// [`Store::results_of`] for every run with an id in `runs`, in run order: one statement
+    /// for a window of runs, where a statement per run costs a round trip each on PostgreSQL.
+    pub fn results_in(
+        &self,
+        runs: RangeInclusive<i64>,
+        prompt: Option<&str>,
+        text: bool,
+    ) -> Result<Vec<StoredResult>, StoreError> {
         let (column, join) = if text {
             ("t.text", "LEFT JOIN texts t ON t.id = r.output")
         } else {
             ("CAST(NULL AS TEXT)", "")
         };
-        let (only, params) = of_run(run_id, prompt);
+        let (only, params) = of_runs("r", &runs, prompt);
         let sql = format!(
             "SELECT r.run_id, l.word, p.word, pv.hash, r.sample, s.outcome, {column}, s.model,
                     s.fingerprint, s.finish_reason, r.completion_tokens, r.queue_ms,
@@ -958,8 +1006,8 @@ impl Store {
              JOIN words p ON p.id = pv.prompt
              JOIN served_as s ON s.id = r.served
              {join}
-             WHERE r.run_id = ?1 {only}
-             ORDER BY l.word, p.word, r.sample"
+             WHERE {only}
+             ORDER BY r.run_id, l.word, p.word, r.sample"
         );
         self.db(|db| {
             db.query(&sql, &params)?
@@ -986,6 +1034,37 @@ impl Store {
         })
     }
 
+    /// The results (without their texts), verdicts and lane verdicts of `runs`, of one prompt
+    /// when given: what `history` and the report show of a window of runs, read with one
+    /// statement per table.
+    pub fn window(&self, runs: &[RunRow], prompt: Option<&str>) -> Result<Window, StoreError> {
+        let (Some(first), Some(last)) = (
+            runs.iter().map(|r| r.id).min(),
+            runs.iter().map(|r| r.id).max(),
+        ) else {
+            return Ok(Window::default());
+        };
+        let mut window = Window::default();
+        for result in self.results_in(first..=last, prompt, false)? {
+            window
+                .results
+                .entry(result.run_id)
+                .or_default()
+                .push(result);
+        }
+        for (run, verdict) in self.verdicts_in(first..=last, prompt)? {
+            window.verdicts.entry(run).or_default().push(verdict);
+        }
+        for lane in self.lane_verdicts_in(first..=last)? {
+            window
+                .lane_verdicts
+                .entry(lane.run_id)
+                .or_default()
+                .push(lane);
+        }
+        Ok(window)
+    }
+
     /// The verdicts stored for a run.
     pub fn verdicts(&self, run_id: i64) -> Result<Vec<VerdictRow>, StoreError> {
         self.verdicts_of(run_id, None)
@@ -997,34 +1076,52 @@ impl Store {
         run_id: i64,
         prompt: Option<&str>,
     ) -> Result<Vec<VerdictRow>, StoreError> {
-        let (only, params) = of_run(run_id, prompt);
+        Ok(self
+            .verdicts_in(run_id..=run_id, prompt)?
+            .into_iter()
+            .map(|(_, verdict)| verdict)
+            .collect())
+    }
+
+    /// [`Store::verdicts_of`] for every run with an id in `runs`, each with its run, in run
+    /// order.
+    pub fn verdicts_in(
+        &self,
+        runs: RangeInclusive<i64>,
+        prompt: Option<&str>,
+    ) -> Result<Vec<(i64, VerdictRow)>, StoreError> {
+        let (only, params) = of_runs("v", &runs, prompt);
         let sql = format!(
-            "SELECT l.word, p.word, w.word, v.similarity, v.review, v.reasons, m.word, v.p_value
+            "SELECT v.run_id, l.word, p.word, w.word, v.similarity, v.review, v.reasons, m.word,
+                    v.p_value
              FROM verdicts v
              JOIN words l ON l.id = v.lane
              JOIN words p ON p.id = v.prompt
              JOIN words w ON w.id = v.verdict
              LEFT JOIN words m ON m.id = v.mode
-             WHERE v.run_id = ?1 {only}
-             ORDER BY l.word, p.word"
+             WHERE {only}
+             ORDER BY v.run_id, l.word, p.word"
         );
         self.db(|db| {
             db.query(&sql, &params)?
                 .iter()
                 .map(|row| {
-                    Ok(VerdictRow {
-                        lane: row.text(0)?,
-                        prompt_id: row.text(1)?,
-                        verdict: row.text(2)?,
-                        similarity: row.opt_real(3)?,
-                        review: row.bool(4)?,
-                        reasons: row
-                            .opt_text(5)?
-                            .map(|r| serde_json::from_str(&r).unwrap_or_default())
-                            .unwrap_or_default(),
-                        mode: row.opt_text(6)?,
-                        p_value: row.opt_real(7)?,
-                    })
+                    Ok((
+                        row.int(0)?,
+                        VerdictRow {
+                            lane: row.text(1)?,
+                            prompt_id: row.text(2)?,
+                            verdict: row.text(3)?,
+                            similarity: row.opt_real(4)?,
+                            review: row.bool(5)?,
+                            reasons: row
+                                .opt_text(6)?
+                                .map(|r| serde_json::from_str(&r).unwrap_or_default())
+                                .unwrap_or_default(),
+                            mode: row.opt_text(7)?,
+                            p_value: row.opt_real(8)?,
+                        },
+                    ))
                 })
                 .collect()
         })
@@ -1033,6 +1130,17 @@ impl Store {
     /// Lane verdicts stored for a run.
     pub fn lane_verdicts(&self, run_id: i64) -> Result<Vec<LaneVerdictRow>, StoreError> {
         self.lane_verdicts_where("run_id = ?1 ORDER BY lane", params![run_id])
+    }
+
+    /// Lane verdicts stored for every run with an id in `runs`, in run order.
+    pub fn lane_verdicts_in(
+        &self,
+        runs: RangeInclusive<i64>,
+    ) -> Result<Vec<LaneVerdictRow>, StoreError> {
+        self.lane_verdicts_where(
+            "run_id BETWEEN ?1 AND ?2 ORDER BY run_id, lane",
+            params![*runs.start(), *runs.end()],
+        )
     }
 
     /// A lane's verdicts in runs before `before_run`, newest first, at most `limit`.
@@ -1351,11 +1459,27 @@ impl Store {
 /// The filter (beyond `run_id = ?1`) and parameters of a read of one run, of one prompt only
 /// when it is given. Two statements rather than one with `(?2 IS NULL OR ...)`: PostgreSQL's
 /// cached generic plan of that form loops over every prompt of a run.
-fn of_run(run_id: i64, prompt: Option<&str>) -> (&'static str, Vec<Param<'_>>) {
-    match prompt {
-        Some(prompt) => ("AND p.word = ?2", vec![run_id.into(), prompt.into()]),
-        None => ("", vec![run_id.into()]),
+/// The filter of a read over `runs` (table alias `table`), of one prompt (alias `p`) when
+/// given. One run is read by `=`, its own statement: PostgreSQL plans a prepared statement once
+/// for all its parameters after a few runs, and a range is planned for many rows.
+fn of_runs<'a>(
+    table: &str,
+    runs: &RangeInclusive<i64>,
+    prompt: Option<&'a str>,
+) -> (String, Vec<Param<'a>>) {
+    let (mut filter, mut params) = if runs.start() == runs.end() {
+        (format!("{table}.run_id = ?1"), vec![(*runs.start()).into()])
+    } else {
+        (
+            format!("{table}.run_id BETWEEN ?1 AND ?2"),
+            vec![(*runs.start()).into(), (*runs.end()).into()],
+        )
+    };
+    if let Some(prompt) = prompt {
+        params.push(prompt.into());
+        filter.push_str(&format!(" AND p.word = ?{}", params.len()));
     }
+    (filter, params)
 }
 
 fn prune_in(
@@ -1432,6 +1556,7 @@ fn prune_in(
 /// Commits one result, storing what repeats once.
 fn insert_result(
     db: &mut dyn Db,
+    ids: &mut ids::Ids,
     run_id: i64,
     at_ms: i64,
     result: &NewResult<'_>,
@@ -1453,10 +1578,16 @@ fn insert_result(
         error: error.as_deref(),
         ..result.clone()
     };
-    let lane = word(db, result.lane)?;
-    let prompt_word = word(db, result.prompt_id)?;
-    let prompt = prompt_version(db, prompt_word, result.prompt_hash)?;
-    let served = served_as(db, result)?;
+    let lane = ids.word(db, result.lane)?;
+    let prompt_word = ids.word(db, result.prompt_id)?;
+    let prompt = ids.prompt_version(db, prompt_word, result.prompt_hash)?;
+    let served = ids.served_as(
+        db,
+        result.outcome,
+        result.model,
+        result.fingerprint,
+        result.finish_reason,
+    )?;
     let output = result.output.map(|text| text_id(db, text)).transpose()?;
     db.execute(
         "INSERT INTO results (run_id, lane, prompt, sample, served, output, prompt_tokens,
@@ -1509,55 +1640,10 @@ fn storable(text: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-/// The id of `word`, adding it the first time.
-fn word(db: &mut dyn Db, word: &str) -> Result<i64, DbError> {
-    find_or_insert(
-        db,
-        "SELECT id FROM words WHERE word = ?1",
-        params![word],
-        "INSERT INTO words (word) VALUES (?1) ON CONFLICT (word) DO NOTHING RETURNING id",
-        params![word],
-    )
-}
-
-/// The id of a prompt at one version of its text.
-fn prompt_version(db: &mut dyn Db, prompt: i64, hash: &str) -> Result<i64, DbError> {
-    find_or_insert(
-        db,
-        "SELECT id FROM prompt_versions WHERE prompt = ?1 AND hash = ?2",
-        params![prompt, hash],
-        "INSERT INTO prompt_versions (prompt, hash) VALUES (?1, ?2)
-         ON CONFLICT (prompt, hash) DO NOTHING RETURNING id",
-        params![prompt, hash],
-    )
-}
-
-/// The id of what a result reported besides its text: outcome, model, fingerprint, finish.
-/// Two runners adding the same combination at once may store it twice; each copy reads the
-/// same.
-fn served_as(db: &mut dyn Db, result: &NewResult<'_>) -> Result<i64, DbError> {
-    let values = params![
-        result.outcome,
-        result.model,
-        result.fingerprint,
-        result.finish_reason
-    ];
-    find_or_insert(
-        db,
-        "SELECT id FROM served_as WHERE outcome = ?1 AND model IS NOT DISTINCT FROM ?2
-             AND fingerprint IS NOT DISTINCT FROM ?3 AND finish_reason IS NOT DISTINCT FROM ?4
-         ORDER BY id LIMIT 1",
-        values,
-        "INSERT INTO served_as (outcome, model, fingerprint, finish_reason)
-         VALUES (?1, ?2, ?3, ?4) RETURNING id",
-        values,
-    )
-}
-
 /// The id of an output text, stored once by its SHA-256.
 fn text_id(db: &mut dyn Db, text: &str) -> Result<i64, DbError> {
     let hash = Sha256::digest(text.as_bytes());
-    find_or_insert(
+    ids::find_or_insert(
         db,
         "SELECT id FROM texts WHERE hash = ?1",
         params![hash.as_slice()],
@@ -1565,25 +1651,6 @@ fn text_id(db: &mut dyn Db, text: &str) -> Result<i64, DbError> {
          RETURNING id",
         params![hash.as_slice(), text],
     )
-}
-
-/// The id of the row `select` finds by `key`, or of the row `insert` adds from `row`: how
-/// what repeats from result to result is stored once. An insert another runner beat (it
-/// returns no row) is found by a second look.
-fn find_or_insert(
-    db: &mut dyn Db,
-    select: &str,
-    key: &[Param<'_>],
-    insert: &str,
-    row: &[Param<'_>],
-) -> Result<i64, DbError> {
-    if let Some(found) = db.query_opt(select, key)? {
-        return found.int(0);
-    }
-    match db.query_opt(insert, row)? {
-        Some(inserted) => inserted.int(0),
-        None => db.query_one(select, key)?.int(0),
-    }
 }
 
 const RUN_SELECT: &str = "SELECT id, started_at, finished_at, status, prompt_set_hash, samples, lanes, exit_code, shard FROM runs";
@@ -1709,6 +1776,102 @@ mod tests {
         let results = store.results(latest.id).unwrap();
         assert_eq!(results[0].output.as_deref(), Some("Paris."));
         assert_eq!(results[2].output, None);
+    }
+
+    #[test]
+    fn ids_added_by_a_transaction_that_rolled_back_are_not_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path().join("c.db")).unwrap();
+        let run = store.begin_run("set", 1, &["free".into()]).unwrap();
+        let fresh = NewResult {
+            lane: "fresh",
+            ..result("a", 0, Some("x"))
+        };
+        // The second result repeats the first's key, so the whole transaction rolls back,
+        // the words `fresh` and `a` with it.
+        assert!(
+            store
+                .insert_results(run, &[fresh.clone(), fresh.clone()])
+                .is_err()
+        );
+        // Another word takes the id the rolled-back one had.
+        let other = NewResult {
+            lane: "other",
+            ..result("b", 0, Some("y"))
+        };
+        store.insert_result(run, &other).unwrap();
+        store.insert_result(run, &fresh).unwrap();
+        let stored: Vec<_> = store
+            .results(run)
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.lane, r.prompt_id, r.output))
+            .collect();
+        assert_eq!(
+            stored,
+            [
+                ("fresh".into(), "a".into(), Some("x".into())),
+                ("other".into(), "b".into(), Some("y".into()))
+            ]
+        );
+    }
+
+    #[test]
+    fn a_window_of_runs_reads_what_each_run_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path().join("c.db")).unwrap();
+        for night in 0..4 {
+            let run = store.begin_run("set", 1, &["free".into()]).unwrap();
+            for prompt in ["a", "b"] {
+                let answer = format!("{prompt} {}", night % 2);
+                store
+                    .insert_result(run, &result(prompt, 0, Some(&answer)))
+                    .unwrap();
+            }
+            let items: Vec<VerdictRow> = ["a", "b"]
+                .iter()
+                .map(|prompt| VerdictRow {
+                    lane: "free".into(),
+                    prompt_id: (*prompt).into(),
+                    verdict: if night % 2 == 0 {
+                        "unchanged"
+                    } else {
+                        "drifted"
+                    }
+                    .into(),
+                    similarity: Some(f64::from(night) / 4.0),
+                    review: false,
+                    reasons: Vec::new(),
+                    mode: None,
+                    p_value: None,
+                })
+                .collect();
+            let lane = LaneVerdictRow {
+                run_id: run,
+                lane: "free".into(),
+                verdict: items[0].verdict.clone(),
+                reasons: Vec::new(),
+                p_value: Some(f64::from(night)),
+            };
+            store.finish_run(run, &items, &[lane], 0).unwrap();
+        }
+        let runs = store.runs(3).unwrap();
+        assert_eq!(runs.len(), 3);
+        for prompt in [None, Some("b")] {
+            let window = store.window(&runs, prompt).unwrap();
+            for run in &runs {
+                let results = store.results_of(run.id, prompt, false).unwrap();
+                assert_eq!(window.results(run.id), results.as_slice());
+                assert_eq!(results.len(), if prompt.is_some() { 1 } else { 2 });
+                let verdicts = store.verdicts_of(run.id, prompt).unwrap();
+                assert_eq!(window.verdicts(run.id), verdicts.as_slice());
+                assert!(!verdicts.is_empty());
+                let lanes = store.lane_verdicts(run.id).unwrap();
+                assert_eq!(window.lane_verdicts(run.id), lanes.as_slice());
+            }
+            // The run before the window is not read.
+            assert!(window.results(runs[2].id - 1).is_empty());
+        }
     }
 
     #[test]
