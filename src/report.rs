@@ -12,20 +12,31 @@ use crate::verdict::Verdict;
 
 /// Served call latency per lane: (p50, p95) in ms, nearest rank.
 pub fn latency(results: &[StoredResult]) -> BTreeMap<String, (i64, i64)> {
-    let mut per_lane: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    latency_of(
+        results
+            .iter()
+            .map(|r| (r.lane.as_str(), r.outcome.as_str(), r.call_ms)),
+    )
+}
+
+/// [`latency`] of attempts given as (lane, outcome, call ms).
+pub fn latency_of<'a>(
+    attempts: impl IntoIterator<Item = (&'a str, &'a str, i64)>,
+) -> BTreeMap<String, (i64, i64)> {
+    let mut per_lane: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
     // Served calls only; the texts themselves may not have been read.
-    for result in results.iter().filter(|r| r.outcome == "served") {
-        per_lane
-            .entry(result.lane.clone())
-            .or_default()
-            .push(result.call_ms);
+    for (lane, _, call_ms) in attempts
+        .into_iter()
+        .filter(|(_, outcome, _)| *outcome == "served")
+    {
+        per_lane.entry(lane).or_default().push(call_ms);
     }
     per_lane
         .into_iter()
         .map(|(lane, mut ms)| {
             ms.sort_unstable();
             let rank = |q: f64| ms[((q * ms.len() as f64).ceil() as usize).clamp(1, ms.len()) - 1];
-            (lane, (rank(0.5), rank(0.95)))
+            (lane.to_string(), (rank(0.5), rank(0.95)))
         })
         .collect()
 }

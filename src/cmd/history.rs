@@ -24,8 +24,9 @@ pub fn run(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<i32> {
     let window = store.window(&runs, args.prompt.as_deref())?;
     for run in &runs {
         let verdict_rows = window.verdicts(run.id);
-        let results = window.results(run.id);
-        let latency = report::latency(results);
+        let attempts = window.attempts(run.id);
+        let latency =
+            report::latency_of(attempts.iter().map(|a| (&*a.lane, &*a.outcome, a.call_ms)));
         let lane_verdicts = window.lane_verdicts(run.id);
         for lane in &run.lanes {
             if args.lane.as_ref().is_some_and(|l| l != lane) {
@@ -33,13 +34,13 @@ pub fn run(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<i32> {
             }
             let items: Vec<_> = verdict_rows
                 .iter()
-                .filter(|v| &v.lane == lane)
-                .filter(|v| args.prompt.as_ref().is_none_or(|p| p == &v.prompt_id))
+                .filter(|v| *v.lane == **lane)
+                .filter(|v| args.prompt.as_ref().is_none_or(|p| **p == *v.prompt_id))
                 .collect();
-            let lane_results: Vec<_> = results
+            let lane_results: Vec<_> = attempts
                 .iter()
-                .filter(|r| {
-                    &r.lane == lane && args.prompt.as_ref().is_none_or(|p| p == &r.prompt_id)
+                .filter(|a| {
+                    *a.lane == **lane && args.prompt.as_ref().is_none_or(|p| **p == *a.prompt_id)
                 })
                 .collect();
             if args.prompt.is_some() && lane_results.is_empty() {
@@ -51,7 +52,7 @@ pub fn run(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<i32> {
             let lane_row = lane_verdicts.iter().find(|row| &row.lane == lane);
             let (verdict, p_value) = if args.prompt.is_some() {
                 (
-                    items.first().map(|v| v.verdict.clone()),
+                    items.first().map(|v| v.verdict.to_string()),
                     items.first().and_then(|v| v.p_value),
                 )
             } else {
@@ -65,7 +66,7 @@ pub fn run(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<i32> {
                 .map(|v| {
                     (
                         v.as_str().to_string(),
-                        json!(items.iter().filter(|i| i.verdict == v.as_str()).count()),
+                        json!(items.iter().filter(|i| &*i.verdict == v.as_str()).count()),
                     )
                 })
                 .collect();
@@ -85,7 +86,7 @@ pub fn run(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<i32> {
                 "similarity": mean_similarity.map(|s| (s * 1000.0).round() / 1000.0),
                 "p_value": p_value,
                 "latency_p50_ms": call_ms,
-                "outcome": if args.prompt.is_some() { lane_results.first().map(|r| r.outcome.clone()) } else { None },
+                "outcome": if args.prompt.is_some() { lane_results.first().map(|r| r.outcome.to_string()) } else { None },
             }));
         }
     }

@@ -15,7 +15,7 @@ use super::chart::{self, DriftPoint, LatencyPoint};
 use super::{item, verdict_color};
 use crate::drift::format_p;
 use crate::judge::{JudgedLane, RunJudgement};
-use crate::report::latency;
+use crate::report::latency_of;
 use crate::store::{RunRow, Store, StoreError};
 use crate::verdict::Verdict;
 
@@ -81,16 +81,16 @@ pub fn history(
     for run in runs {
         let verdicts = window.verdicts(run.id);
         let lane_verdicts = window.lane_verdicts(run.id);
-        let results = window.results(run.id);
-        let latency = latency(results);
+        let attempts = window.attempts(run.id);
+        let latency = latency_of(attempts.iter().map(|a| (&*a.lane, &*a.outcome, a.call_ms)));
         for history in &mut histories {
             if !run.lanes.contains(&history.lane) {
                 continue;
             }
             let lane_row = lane_verdicts.iter().find(|l| l.lane == history.lane);
             let mut outcomes = BTreeMap::new();
-            for result in results.iter().filter(|r| r.lane == history.lane) {
-                *outcomes.entry(result.outcome.clone()).or_insert(0) += 1;
+            for attempt in attempts.iter().filter(|a| *a.lane == *history.lane) {
+                *outcomes.entry(attempt.outcome.to_string()).or_insert(0) += 1;
             }
             history.runs.push(RunPoint {
                 run: run.id,
@@ -99,8 +99,8 @@ pub fn history(
                 p_value: lane_row.and_then(|l| l.p_value),
                 items: verdicts
                     .iter()
-                    .filter(|v| v.lane == history.lane)
-                    .map(|v| (v.prompt_id.clone(), v.verdict.clone()))
+                    .filter(|v| *v.lane == *history.lane)
+                    .map(|v| (v.prompt_id.to_string(), v.verdict.to_string()))
                     .collect(),
                 latency: latency.get(&history.lane).copied(),
                 outcomes,

@@ -413,8 +413,15 @@ impl Db for PostgresDb<'_> {
             .iter()
             .map(|p| p as &(dyn postgres::types::ToSql + Sync))
             .collect();
-        let rows = self.client.query(&statement, &params)?;
-        rows.iter().map(postgres_row).collect()
+        // Each row is converted as it arrives rather than after all of them: a window of runs
+        // is tens of thousands of rows, and two copies of them at once would double the peak.
+        use postgres::fallible_iterator::FallibleIterator;
+        let mut rows = self.client.query_raw(&statement, params)?;
+        let mut converted = Vec::new();
+        while let Some(row) = rows.next()? {
+            converted.push(postgres_row(&row)?);
+        }
+        Ok(converted)
     }
 
     fn batch(&mut self, sql: &str) -> Result<(), DbError> {

@@ -15,10 +15,9 @@ pub mod location;
 pub mod lock;
 mod migrations;
 pub mod postgres;
+mod window;
 pub mod writer;
 
-use std::collections::BTreeMap;
-use std::ops::RangeInclusive;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -28,6 +27,7 @@ use sha2::{Digest, Sha256};
 
 use db::{Db, DbError, Dialect, Param, SqliteDb, params, transaction};
 pub use location::{PostgresTarget, StoreLocation};
+pub use window::Window;
 
 /// A store problem.
 #[derive(Debug, thiserror::Error)]
@@ -305,31 +305,6 @@ pub struct LeaseRow {
     pub runner: String,
     /// When it lapses unless renewed (RFC 3339).
     pub until: String,
-}
-
-/// What a window of runs stored, per run: see [`Store::window`].
-#[derive(Debug, Default)]
-pub struct Window {
-    results: BTreeMap<i64, Vec<StoredResult>>,
-    verdicts: BTreeMap<i64, Vec<VerdictRow>>,
-    lane_verdicts: BTreeMap<i64, Vec<LaneVerdictRow>>,
-}
-
-impl Window {
-    /// A run's results, without their texts.
-    pub fn results(&self, run: i64) -> &[StoredResult] {
-        self.results.get(&run).map_or(&[], Vec::as_slice)
-    }
-
-    /// A run's verdicts.
-    pub fn verdicts(&self, run: i64) -> &[VerdictRow] {
-        self.verdicts.get(&run).map_or(&[], Vec::as_slice)
-    }
-
-    /// A run's lane verdicts.
-    pub fn lane_verdicts(&self, run: i64) -> &[LaneVerdictRow] {
-        self.lane_verdicts.get(&run).map_or(&[], Vec::as_slice)
-    }
 }
 
 /// The store.
@@ -979,23 +954,12 @@ impl Store {
         prompt: Option<&str>,
         text: bool,
     ) -> Result<Vec<StoredResult>, StoreError> {
-        self.results_in(run_id..=run_id, prompt, text)
-    }
-
-    /// [`Store::results_of`] for every run with an id in `runs`, in run order: one statement
-    /// for a window of runs, where a statement per run costs a round trip each on PostgreSQL.
-    pub fn results_in(
-        &self,
-        runs: RangeInclusive<i64>,
-        prompt: Option<&str>,
-        text: bool,
-    ) -> Result<Vec<StoredResult>, StoreError> {
         let (column, join) = if text {
             ("t.text", "LEFT JOIN texts t ON t.id = r.output")
         } else {
             ("CAST(NULL AS TEXT)", "")
         };
-        let (only, params) = of_runs("r", &runs, prompt);
+        let (only, params) = of_run(run_id, prompt);
         let sql = format!(
             "SELECT r.run_id, l.word, p.word, pv.hash, r.sample, s.outcome, {column}, s.model,
                     s.fingerprint, s.finish_reason, r.completion_tokens, r.queue_ms,
@@ -1006,8 +970,8 @@ impl Store {
              JOIN words p ON p.id = pv.prompt
              JOIN served_as s ON s.id = r.served
              {join}
-             WHERE {only}
-             ORDER BY r.run_id, l.word, p.word, r.sample"
+             WHERE r.run_id = ?1 {only}
+             ORDER BY l.word, p.word, r.sample"
         );
         self.db(|db| {
             db.query(&sql, &params)?
@@ -1034,37 +998,6 @@ impl Store {
         })
     }
 
-    /// The results (without their texts), verdicts and lane verdicts of `runs`, of one prompt
-    /// when given: what `history` and the report show of a window of runs, read with one
-    /// statement per table.
-    pub fn window(&self, runs: &[RunRow], prompt: Option<&str>) -> Result<Window, StoreError> {
-        let (Some(first), Some(last)) = (
-            runs.iter().map(|r| r.id).min(),
-            runs.iter().map(|r| r.id).max(),
-        ) else {
-            return Ok(Window::default());
-        };
-        let mut window = Window::default();
-        for result in self.results_in(first..=last, prompt, false)? {
-            window
-                .results
-                .entry(result.run_id)
-                .or_default()
-                .push(result);
-        }
-        for (run, verdict) in self.verdicts_in(first..=last, prompt)? {
-            window.verdicts.entry(run).or_default().push(verdict);
-        }
-        for lane in self.lane_verdicts_in(first..=last)? {
-            window
-                .lane_verdicts
-                .entry(lane.run_id)
-                .or_default()
-                .push(lane);
-        }
-        Ok(window)
-    }
-
     /// The verdicts stored for a run.
     pub fn verdicts(&self, run_id: i64) -> Result<Vec<VerdictRow>, StoreError> {
         self.verdicts_of(run_id, None)
@@ -1076,52 +1009,34 @@ impl Store {
         run_id: i64,
         prompt: Option<&str>,
     ) -> Result<Vec<VerdictRow>, StoreError> {
-        Ok(self
-            .verdicts_in(run_id..=run_id, prompt)?
-            .into_iter()
-            .map(|(_, verdict)| verdict)
-            .collect())
-    }
-
-    /// [`Store::verdicts_of`] for every run with an id in `runs`, each with its run, in run
-    /// order.
-    pub fn verdicts_in(
-        &self,
-        runs: RangeInclusive<i64>,
-        prompt: Option<&str>,
-    ) -> Result<Vec<(i64, VerdictRow)>, StoreError> {
-        let (only, params) = of_runs("v", &runs, prompt);
+        let (only, params) = of_run(run_id, prompt);
         let sql = format!(
-            "SELECT v.run_id, l.word, p.word, w.word, v.similarity, v.review, v.reasons, m.word,
-                    v.p_value
+            "SELECT l.word, p.word, w.word, v.similarity, v.review, v.reasons, m.word, v.p_value
              FROM verdicts v
              JOIN words l ON l.id = v.lane
              JOIN words p ON p.id = v.prompt
              JOIN words w ON w.id = v.verdict
              LEFT JOIN words m ON m.id = v.mode
-             WHERE {only}
-             ORDER BY v.run_id, l.word, p.word"
+             WHERE v.run_id = ?1 {only}
+             ORDER BY l.word, p.word"
         );
         self.db(|db| {
             db.query(&sql, &params)?
                 .iter()
                 .map(|row| {
-                    Ok((
-                        row.int(0)?,
-                        VerdictRow {
-                            lane: row.text(1)?,
-                            prompt_id: row.text(2)?,
-                            verdict: row.text(3)?,
-                            similarity: row.opt_real(4)?,
-                            review: row.bool(5)?,
-                            reasons: row
-                                .opt_text(6)?
-                                .map(|r| serde_json::from_str(&r).unwrap_or_default())
-                                .unwrap_or_default(),
-                            mode: row.opt_text(7)?,
-                            p_value: row.opt_real(8)?,
-                        },
-                    ))
+                    Ok(VerdictRow {
+                        lane: row.text(0)?,
+                        prompt_id: row.text(1)?,
+                        verdict: row.text(2)?,
+                        similarity: row.opt_real(3)?,
+                        review: row.bool(4)?,
+                        reasons: row
+                            .opt_text(5)?
+                            .map(|r| serde_json::from_str(&r).unwrap_or_default())
+                            .unwrap_or_default(),
+                        mode: row.opt_text(6)?,
+                        p_value: row.opt_real(7)?,
+                    })
                 })
                 .collect()
         })
@@ -1132,14 +1047,15 @@ impl Store {
         self.lane_verdicts_where("run_id = ?1 ORDER BY lane", params![run_id])
     }
 
-    /// Lane verdicts stored for every run with an id in `runs`, in run order.
+    /// Lane verdicts stored for the runs with ids from `first` to `last`, in run order.
     pub fn lane_verdicts_in(
         &self,
-        runs: RangeInclusive<i64>,
+        first: i64,
+        last: i64,
     ) -> Result<Vec<LaneVerdictRow>, StoreError> {
         self.lane_verdicts_where(
             "run_id BETWEEN ?1 AND ?2 ORDER BY run_id, lane",
-            params![*runs.start(), *runs.end()],
+            params![first, last],
         )
     }
 
@@ -1459,27 +1375,11 @@ impl Store {
 /// The filter (beyond `run_id = ?1`) and parameters of a read of one run, of one prompt only
 /// when it is given. Two statements rather than one with `(?2 IS NULL OR ...)`: PostgreSQL's
 /// cached generic plan of that form loops over every prompt of a run.
-/// The filter of a read over `runs` (table alias `table`), of one prompt (alias `p`) when
-/// given. One run is read by `=`, its own statement: PostgreSQL plans a prepared statement once
-/// for all its parameters after a few runs, and a range is planned for many rows.
-fn of_runs<'a>(
-    table: &str,
-    runs: &RangeInclusive<i64>,
-    prompt: Option<&'a str>,
-) -> (String, Vec<Param<'a>>) {
-    let (mut filter, mut params) = if runs.start() == runs.end() {
-        (format!("{table}.run_id = ?1"), vec![(*runs.start()).into()])
-    } else {
-        (
-            format!("{table}.run_id BETWEEN ?1 AND ?2"),
-            vec![(*runs.start()).into(), (*runs.end()).into()],
-        )
-    };
-    if let Some(prompt) = prompt {
-        params.push(prompt.into());
-        filter.push_str(&format!(" AND p.word = ?{}", params.len()));
+fn of_run(run_id: i64, prompt: Option<&str>) -> (&'static str, Vec<Param<'_>>) {
+    match prompt {
+        Some(prompt) => ("AND p.word = ?2", vec![run_id.into(), prompt.into()]),
+        None => ("", vec![run_id.into()]),
     }
-    (filter, params)
 }
 
 fn prune_in(
@@ -1820,18 +1720,23 @@ mod tests {
     fn a_window_of_runs_reads_what_each_run_reads() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(dir.path().join("c.db")).unwrap();
-        for night in 0..4 {
+        // Written out of order, so the window's own sort is what puts them in order.
+        let keys = [("paid", "b"), ("paid", "a"), ("free", "b"), ("free", "a")];
+        for night in 0u8..4 {
             let run = store.begin_run("set", 1, &["free".into()]).unwrap();
-            for prompt in ["a", "b"] {
+            for (lane, prompt) in keys {
                 let answer = format!("{prompt} {}", night % 2);
-                store
-                    .insert_result(run, &result(prompt, 0, Some(&answer)))
-                    .unwrap();
+                let outcome = NewResult {
+                    lane,
+                    call_ms: 10 + u64::from(night),
+                    ..result(prompt, 0, (night != 2).then_some(answer.as_str()))
+                };
+                store.insert_result(run, &outcome).unwrap();
             }
-            let items: Vec<VerdictRow> = ["a", "b"]
+            let items: Vec<VerdictRow> = keys
                 .iter()
-                .map(|prompt| VerdictRow {
-                    lane: "free".into(),
+                .map(|(lane, prompt)| VerdictRow {
+                    lane: (*lane).into(),
                     prompt_id: (*prompt).into(),
                     verdict: if night % 2 == 0 {
                         "unchanged"
@@ -1843,7 +1748,7 @@ mod tests {
                     review: false,
                     reasons: Vec::new(),
                     mode: None,
-                    p_value: None,
+                    p_value: (*lane == "free").then_some(0.5),
                 })
                 .collect();
             let lane = LaneVerdictRow {
@@ -1861,16 +1766,67 @@ mod tests {
             let window = store.window(&runs, prompt).unwrap();
             for run in &runs {
                 let results = store.results_of(run.id, prompt, false).unwrap();
-                assert_eq!(window.results(run.id), results.as_slice());
-                assert_eq!(results.len(), if prompt.is_some() { 1 } else { 2 });
+                assert_eq!(results.len(), if prompt.is_some() { 2 } else { 4 });
+                let attempts: Vec<_> = window
+                    .attempts(run.id)
+                    .iter()
+                    .map(|a| {
+                        (
+                            a.lane.to_string(),
+                            a.prompt_id.to_string(),
+                            a.sample,
+                            a.outcome.to_string(),
+                            a.call_ms,
+                        )
+                    })
+                    .collect();
+                let expected: Vec<_> = results
+                    .iter()
+                    .map(|r| {
+                        (
+                            r.lane.clone(),
+                            r.prompt_id.clone(),
+                            r.sample,
+                            r.outcome.clone(),
+                            r.call_ms,
+                        )
+                    })
+                    .collect();
+                assert_eq!(attempts, expected);
                 let verdicts = store.verdicts_of(run.id, prompt).unwrap();
-                assert_eq!(window.verdicts(run.id), verdicts.as_slice());
                 assert!(!verdicts.is_empty());
+                let judged: Vec<_> = window
+                    .verdicts(run.id)
+                    .iter()
+                    .map(|v| {
+                        (
+                            v.lane.to_string(),
+                            v.prompt_id.to_string(),
+                            v.verdict.to_string(),
+                            v.similarity,
+                            v.p_value,
+                        )
+                    })
+                    .collect();
+                let expected: Vec<_> = verdicts
+                    .iter()
+                    .map(|v| {
+                        (
+                            v.lane.clone(),
+                            v.prompt_id.clone(),
+                            v.verdict.clone(),
+                            v.similarity,
+                            v.p_value,
+                        )
+                    })
+                    .collect();
+                assert_eq!(judged, expected);
                 let lanes = store.lane_verdicts(run.id).unwrap();
                 assert_eq!(window.lane_verdicts(run.id), lanes.as_slice());
             }
             // The run before the window is not read.
-            assert!(window.results(runs[2].id - 1).is_empty());
+            assert!(window.attempts(runs[2].id - 1).is_empty());
+            assert!(window.verdicts(runs[2].id - 1).is_empty());
         }
     }
 
