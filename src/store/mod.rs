@@ -320,7 +320,7 @@ enum Backend {
     Postgres(Box<Mutex<postgres::PgConn>>),
 }
 
-/// The schema version this canary writes.
+/// The schema version this canary writes to a SQLite store.
 pub const KNOWN_VERSION: i64 = migrations::KNOWN_VERSION;
 
 impl Store {
@@ -521,7 +521,7 @@ impl Store {
             postgres::Migrated::TooNew(found) => Err(StoreError::TooNew {
                 store: self.name.clone(),
                 found,
-                known: KNOWN_VERSION,
+                known: migrations::POSTGRES_KNOWN_VERSION,
             }),
             postgres::Migrated::To(version) => {
                 tracing::info!("store {}: schema brought to version {version}", self.name);
@@ -1500,12 +1500,12 @@ fn insert_result(
             result.sample,
             served,
             output,
-            result.prompt_tokens.map(|t| t as i64),
-            result.completion_tokens.map(|t| t as i64),
-            result.queue_ms as i64,
-            result.call_ms as i64,
+            result.prompt_tokens.map(bounded),
+            result.completion_tokens.map(bounded),
+            bounded(result.queue_ms),
+            bounded(result.call_ms),
             result.error,
-            at_ms
+            bounded(at_ms.max(0) as u64)
         ],
     )?;
     Ok(())
@@ -1529,6 +1529,13 @@ fn insert_alert(db: &mut dyn Db, alert: &NewAlert<'_>) -> Result<i64, DbError> {
         ],
     )?
     .int(0)
+}
+
+/// A count or a time in ms as the store holds it: at most 2^31 - 1, the largest of
+/// PostgreSQL's four-byte `INTEGER` (24 days in ms). A server that reports more tokens than
+/// that has its count stored as that, not its result refused.
+fn bounded(n: u64) -> i64 {
+    n.min(i32::MAX as u64) as i64
 }
 
 /// `text` without NUL characters (each becomes U+FFFD).

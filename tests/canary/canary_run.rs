@@ -785,3 +785,33 @@ async fn an_error_after_the_results_are_stored_closes_the_run_and_keeps_them() {
     assert_eq!(store.results(2).unwrap().len(), 3, "the results are kept");
 }
 }
+
+on_both_stores! {
+async fn a_server_reporting_absurd_token_counts_still_has_its_answers_stored() {
+    // PostgreSQL holds counts in four-byte integers: a count past them is stored as their
+    // largest, and the answer is kept rather than refused.
+    let body = serde_json::json!({
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "model": "m",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": "Paris."}}],
+        "usage": {"prompt_tokens": 99_999_999_999_u64, "completion_tokens": 99_999_999_999_u64,
+                  "total_tokens": 199_999_999_998_u64}
+    });
+    let server = TestServer::always(Reply::json(200, &body.to_string())).await;
+    let project = Project::new(&[], &[LaneSpec::new("local", server.base_url())]);
+    project.write_prompts("set.yaml", "- id: a\n  prompt: one\n- id: b\n  prompt: two\n");
+    let out = canary(&project, &["run"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let store = project.store();
+    let run = store.run(None).unwrap();
+    let results = store.results(run.id).unwrap();
+    // No baselines yet: ten samples of each of the two prompts.
+    assert_eq!(results.len(), 2 * 10);
+    for result in &results {
+        assert_eq!(result.output.as_deref(), Some("Paris."));
+        assert_eq!(result.completion_tokens, Some(i64::from(i32::MAX)));
+    }
+}
+}

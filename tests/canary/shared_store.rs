@@ -278,10 +278,9 @@ async fn the_control_lane_measured_by_another_runner_still_marks_shared_drift_fo
     }
 }
 
-#[tokio::test]
-async fn a_history_copied_sqlite_to_postgres_and_back_reads_the_same() {
-    let drift = Arc::new(Mutex::new(false));
-    let server = model(drift.clone()).await;
+/// A SQLite project with three runs of four prompts: baselines, then a drift measured with
+/// three samples and once more with one.
+async fn drifted_history(server: &TestServer, drift: &Mutex<bool>) -> Project {
     let project = Project::new(&[], &[LaneSpec::new("free", server.base_url())]);
     project.write_prompts("set.yaml", &prompts(4));
     canary_with_env(&project, &["run"], &[]).await;
@@ -289,23 +288,40 @@ async fn a_history_copied_sqlite_to_postgres_and_back_reads_the_same() {
     *drift.lock().unwrap() = true;
     canary_with_env(&project, &["run", "--samples", "3"], &[]).await;
     canary_with_env(&project, &["run"], &[]).await;
+    project
+}
 
-    let history = |config: &std::path::Path, args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_canary"))
-            .arg("-c")
-            .arg(config)
-            .args(args)
-            .env("NO_COLOR", "1")
-            .output()
-            .unwrap();
-        // `diff` exits 1 on drift; either way its output is what is compared.
-        assert!(
-            matches!(out.status.code(), Some(0 | 1)),
-            "{}",
-            text(&out.stderr)
-        );
-        text(&out.stdout)
-    };
+/// What a read-only command prints on the store `config` names.
+fn shown(config: &std::path::Path, args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_canary"))
+        .arg("-c")
+        .arg(config)
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    // `diff` exits 1 on drift; either way its output is what is compared.
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "{}",
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// The commands whose output two stores holding the same history must print alike.
+const READS: [&[&str]; 4] = [
+    &["history"],
+    &["history", "--format", "json"],
+    &["history", "--prompt", "p01"],
+    &["diff", "--format", "json"],
+];
+
+#[tokio::test]
+async fn a_history_copied_sqlite_to_postgres_and_back_reads_the_same() {
+    let drift = Arc::new(Mutex::new(false));
+    let server = model(drift.clone()).await;
+    let project = drifted_history(&server, &drift).await;
     let original = project.path();
     let url = fresh_database();
     let yaml = std::fs::read_to_string(&original).unwrap();
@@ -340,19 +356,10 @@ async fn a_history_copied_sqlite_to_postgres_and_back_reads_the_same() {
         .unwrap();
     assert_eq!(results["rows"], project.store().counts().unwrap().0);
 
-    for args in [
-        &["history"][..],
-        &["history", "--format", "json"],
-        &["history", "--prompt", "p01"],
-        &["diff", "--format", "json"],
-    ] {
-        let sqlite = history(&original, args);
-        assert_eq!(
-            sqlite,
-            history(&on_postgres, args),
-            "{args:?} on PostgreSQL"
-        );
-        assert_eq!(sqlite, history(&copied_back, args), "{args:?} copied back");
+    for args in READS {
+        let sqlite = shown(&original, args);
+        assert_eq!(sqlite, shown(&on_postgres, args), "{args:?} on PostgreSQL");
+        assert_eq!(sqlite, shown(&copied_back, args), "{args:?} copied back");
     }
 
     // A store that already holds a history is not copied into.
@@ -485,4 +492,80 @@ async fn a_store_asking_for_tls_verifies_the_server_and_sends_the_password_only_
         "{stderr}"
     );
     assert!(!stderr.contains("wrong-pass-7c1e"), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_postgresql_store_of_schema_4_keeps_every_row_as_its_integers_narrow() {
+    let drift = Arc::new(Mutex::new(false));
+    let server = model(drift.clone()).await;
+    let project = drifted_history(&server, &drift).await;
+    let url = fresh_database();
+    let copied = canary_with_env(&project, &["store", "copy", "--to", &url], &[]).await;
+    assert_eq!(copied.status.code(), Some(0), "{}", text(&copied.stderr));
+    // Back to the schema the first PostgreSQL stores were created with: 8-byte integers.
+    let sql = |statements: String| {
+        let url = url.clone();
+        canary::store::postgres::off_runtime(move || {
+            let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+            client.batch_execute(&statements).unwrap();
+        })
+    };
+    let widen = |table: &str, columns: &[&str]| {
+        let columns: Vec<String> = columns
+            .iter()
+            .map(|c| format!("ALTER COLUMN {c} TYPE BIGINT"))
+            .collect();
+        format!("ALTER TABLE {table} {};", columns.join(", "))
+    };
+    sql(format!(
+        "{} {} UPDATE canary_schema SET version = 4;",
+        widen(
+            "results",
+            &[
+                "run_id",
+                "lane",
+                "prompt",
+                "sample",
+                "served",
+                "output",
+                "prompt_tokens",
+                "completion_tokens",
+                "queue_ms",
+                "call_ms",
+                "at_ms"
+            ]
+        ),
+        widen(
+            "verdicts",
+            &["run_id", "lane", "prompt", "verdict", "review", "mode"]
+        ),
+    ));
+    let on_postgres = project.file("canary-pg.yaml");
+    let yaml = std::fs::read_to_string(project.path()).unwrap();
+    std::fs::write(&on_postgres, format!("store: {url}\n{yaml}")).unwrap();
+
+    for args in READS {
+        assert_eq!(
+            shown(&project.path(), args),
+            shown(&on_postgres, args),
+            "{args:?} after the migration"
+        );
+    }
+    let (version, narrow) = canary::store::postgres::off_runtime(move || {
+        let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        let version: i64 = client
+            .query_one("SELECT version FROM canary_schema", &[])
+            .unwrap()
+            .get(0);
+        let narrow: i64 = client
+            .query_one(
+                "SELECT COUNT(*) FROM information_schema.columns
+                 WHERE table_name IN ('results', 'verdicts') AND data_type IN ('integer', 'smallint')",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        (version, narrow)
+    });
+    assert_eq!((version, narrow), (5, 17));
 }
