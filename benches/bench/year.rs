@@ -357,19 +357,21 @@ fn year(size: Size, project: &Path, engine: &Engine) -> anyhow::Result<()> {
         println!(
             "\nWhat differs from SQLite. Each PostgreSQL row carries a tuple header of 24 bytes \
              (32 once it needs a null bitmap, as most result and verdict rows do) and a 4-byte \
-             line pointer; the integer columns are 8-byte `BIGINT`s where SQLite stores a small \
-             integer in 1 to 3 bytes; and a table is a heap beside its primary-key index, which \
-             repeats the key (for a result: run, lane, prompt, sample) behind an index tuple \
-             header of its own, where SQLite's `WITHOUT ROWID` tables are their own index. So a \
-             result and its verdict take two heap rows and two index entries. The answers (80 to \
-             620 bytes) stay in their rows, uncompressed: TOAST compresses and moves only rows of \
-             about 2 KB and more. Committing a result is about nine statements, each a round \
-             trip over loopback TCP, then one WAL fsync; the same round trips (about six \
-             statements a result and five a verdict) make writing a night through the store's \
-             API take seconds here where SQLite takes tens of milliseconds. The sizes leave out \
-             the write-ahead log. `canary prune --vacuum` runs a plain `VACUUM`: the pruned rows' \
-             space becomes reusable inside the tables (the next nights fill it) but is not handed \
-             back to the file system, as SQLite's `VACUUM` does by rewriting the file; `VACUUM \
+             line pointer; the integer columns are 4-byte `INTEGER`s (schema 5) where SQLite \
+             stores a small integer in 1 to 3 bytes; and a table is a heap beside its primary-key \
+             index, which repeats the key (for a result: run, lane, prompt, sample) behind an \
+             index tuple header of its own, where SQLite's `WITHOUT ROWID` tables are their own \
+             index. So a result and its verdict take two heap rows and two index entries: about \
+             100 bytes of headers and pointers before the first byte of their data. The answers (80 to 620 bytes) stay in their \
+             rows, uncompressed: TOAST compresses and moves only rows of about 2 KB and more. \
+             Committing a result is five statements, each a round trip over loopback TCP (begin, \
+             the writers' shared lock, the answer's id, the row, commit), then one WAL fsync: the \
+             ids of lanes, prompts and outcomes are looked up once per run. The same round trips \
+             (two statements a result and one a verdict) make writing a night through the store's \
+             API take about a second here where SQLite takes tens of milliseconds. The sizes leave \
+             out the write-ahead log. `canary prune --vacuum` runs a plain `VACUUM`: the pruned \
+             rows' space becomes reusable inside the tables (the next nights fill it) but is not \
+             handed back to the file system, as SQLite's `VACUUM` does by rewriting the file; `VACUUM \
              FULL` would, holding an exclusive lock on each table while it rewrites it."
         );
     }
