@@ -368,7 +368,7 @@ fn year(size: Size, project: &Path, engine: &Engine) -> anyhow::Result<()> {
              the writers' shared lock, the answer's id, the row, commit), then one WAL fsync: the \
              ids of lanes, prompts and outcomes are looked up once per run. The same round trips \
              (two statements a result and one a verdict) make writing a night through the store's \
-             API take about a second here where SQLite takes tens of milliseconds. The sizes leave \
+             API take more than a second here where SQLite takes tens of milliseconds. The sizes leave \
              out the write-ahead log. `canary prune --vacuum` runs a plain `VACUUM`: the pruned \
              rows' space becomes reusable inside the tables (the next nights fill it) but is not \
              handed back to the file system, as SQLite's `VACUUM` does by rewriting the file; `VACUUM \
