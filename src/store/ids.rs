@@ -1,7 +1,8 @@
 //! The ids of what results and verdicts repeat (lane and prompt names, verdict words, prompt
 //! versions, what a server reported besides its text), kept by the store that writes them.
 //!
-//! None of these rows is ever deleted, so an id once committed stays right for the life of the
+//! None of these rows is ever deleted while a run writes (only `canary store copy` clears them,
+//! in a target that holds no run), so an id once committed stays right for the life of the
 //! store (as does when a run started, which the time of each result is counted from): a writer looks each up once instead of once per result, which on PostgreSQL is a round
 //! trip each. Ids found or added inside a transaction are only staged; they become known when it
 //! commits and are forgotten when it rolls back, since a rolled-back insert's id names nothing.

@@ -205,13 +205,20 @@ pub const MIGRATIONS: &[&str] = &[
     ALTER TABLE alerts ADD COLUMN claimed_by TEXT;
     ALTER TABLE alerts ADD COLUMN claimed_until TEXT;
     "#,
+    // 5: counts and times in ms are at most 2^31 - 1, what PostgreSQL's four-byte `INTEGER`
+    // holds, so a history copies into PostgreSQL as it is. Earlier versions stored a server's
+    // token counts as it reported them, however large.
+    r#"
+    UPDATE results SET prompt_tokens = 2147483647 WHERE prompt_tokens > 2147483647;
+    UPDATE results SET completion_tokens = 2147483647 WHERE completion_tokens > 2147483647;
+    UPDATE results SET queue_ms = 2147483647 WHERE queue_ms > 2147483647;
+    UPDATE results SET call_ms = 2147483647 WHERE call_ms > 2147483647;
+    UPDATE results SET at_ms = 2147483647 WHERE at_ms > 2147483647;
+    "#,
 ];
 
-/// The schema version this canary writes to a SQLite store.
+/// The schema version this canary writes, on both engines.
 pub const KNOWN_VERSION: i64 = MIGRATIONS.len() as i64;
-
-/// The schema version this canary writes to a PostgreSQL store.
-pub const POSTGRES_KNOWN_VERSION: i64 = POSTGRES[POSTGRES.len() - 1].0;
 
 /// PostgreSQL's migrations, each with the version it brings a store to. The first creates the
 /// schema SQLite reaches through migrations 1 to 4, column for column, so `canary store copy`
@@ -326,15 +333,18 @@ pub const POSTGRES: &[(i64, &str)] = &[
         // Four-byte integers where eight were never needed: each result and verdict row, and
         // each entry of their primary keys, is that much smaller (SQLite sizes its integers
         // itself). Ids stay below 2^31 (the tables they name hold lanes, prompts, outcomes and
-        // distinct answers); times in ms below 24 days. PostgreSQL rewrites both tables once.
+        // distinct answers); counts and times in ms are held to 2^31 - 1 as SQLite's migration
+        // 5 holds them. PostgreSQL rewrites both tables once.
         r#"
     ALTER TABLE results
         ALTER COLUMN run_id TYPE INTEGER, ALTER COLUMN lane TYPE INTEGER,
         ALTER COLUMN prompt TYPE INTEGER, ALTER COLUMN sample TYPE INTEGER,
         ALTER COLUMN served TYPE INTEGER, ALTER COLUMN output TYPE INTEGER,
-        ALTER COLUMN prompt_tokens TYPE INTEGER, ALTER COLUMN completion_tokens TYPE INTEGER,
-        ALTER COLUMN queue_ms TYPE INTEGER, ALTER COLUMN call_ms TYPE INTEGER,
-        ALTER COLUMN at_ms TYPE INTEGER;
+        ALTER COLUMN prompt_tokens TYPE INTEGER USING LEAST(prompt_tokens, 2147483647),
+        ALTER COLUMN completion_tokens TYPE INTEGER USING LEAST(completion_tokens, 2147483647),
+        ALTER COLUMN queue_ms TYPE INTEGER USING LEAST(queue_ms, 2147483647),
+        ALTER COLUMN call_ms TYPE INTEGER USING LEAST(call_ms, 2147483647),
+        ALTER COLUMN at_ms TYPE INTEGER USING LEAST(at_ms, 2147483647);
     ALTER TABLE verdicts
         ALTER COLUMN run_id TYPE INTEGER, ALTER COLUMN lane TYPE INTEGER,
         ALTER COLUMN prompt TYPE INTEGER, ALTER COLUMN verdict TYPE INTEGER,

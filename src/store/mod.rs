@@ -320,7 +320,7 @@ enum Backend {
     Postgres(Box<Mutex<postgres::PgConn>>),
 }
 
-/// The schema version this canary writes to a SQLite store.
+/// The schema version this canary writes, on both engines.
 pub const KNOWN_VERSION: i64 = migrations::KNOWN_VERSION;
 
 impl Store {
@@ -521,7 +521,7 @@ impl Store {
             postgres::Migrated::TooNew(found) => Err(StoreError::TooNew {
                 store: self.name.clone(),
                 found,
-                known: migrations::POSTGRES_KNOWN_VERSION,
+                known: KNOWN_VERSION,
             }),
             postgres::Migrated::To(version) => {
                 tracing::info!("store {}: schema brought to version {version}", self.name);
@@ -1721,6 +1721,31 @@ mod tests {
                 ("other".into(), "b".into(), Some("y".into()))
             ]
         );
+    }
+
+    #[test]
+    fn schema_5_holds_counts_that_schema_4_stored_past_four_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.db");
+        let mut store = Store::open(&path).unwrap();
+        let run = store.begin_run("set", 1, &["free".into()]).unwrap();
+        store
+            .insert_result(run, &result("a", 0, Some("x")))
+            .unwrap();
+        drop(store);
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "UPDATE results SET completion_tokens = 99999999999, at_ms = 4000000000;
+                 PRAGMA user_version = 4;",
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.schema_version().unwrap(), 5);
+        let stored = &store.results(run).unwrap()[0];
+        assert_eq!(stored.completion_tokens, Some(i64::from(i32::MAX)));
+        assert_eq!(stored.output.as_deref(), Some("x"));
     }
 
     #[test]

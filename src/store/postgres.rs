@@ -160,7 +160,7 @@ fn migrate_locked(db: &mut dyn Db) -> Result<Migrated, DbError> {
         .query_opt("SELECT version FROM canary_schema", &[])?
         .map(|row| row.int(0))
         .transpose()?;
-    let known = migrations::POSTGRES_KNOWN_VERSION;
+    let known = migrations::KNOWN_VERSION;
     let from = version.unwrap_or(0);
     if from > known {
         return Ok(Migrated::TooNew(from));

@@ -139,32 +139,34 @@ impl Store {
 }
 
 fn read(db: &mut dyn Db, first: i64, last: i64, prompt: Option<&str>) -> Result<Window, DbError> {
-    let names = Names::read(db)?;
     let mut window = Window::default();
-    // One prompt's rows are picked by its word's id; a prompt never named has no rows.
-    let prompt_word = match prompt {
-        Some(prompt) => match names.words.iter().find(|(_, word)| &***word == prompt) {
-            Some((id, _)) => Some(*id),
-            None => return Ok(window),
-        },
-        None => None,
-    };
-    let (only_results, only_verdicts, params) = match prompt_word {
-        Some(word) => (
-            " AND prompt IN (SELECT id FROM prompt_versions WHERE prompt = ?3)",
-            " AND prompt = ?3",
-            params![first, last, word].to_vec(),
+    let (only_results, only_verdicts, params) = match prompt {
+        Some(prompt) => (
+            " AND prompt IN (SELECT pv.id FROM prompt_versions pv JOIN words w ON w.id = pv.prompt
+                             WHERE w.word = ?3)",
+            " AND prompt = (SELECT id FROM words WHERE word = ?3)",
+            params![first, last, prompt].to_vec(),
         ),
         None => ("", "", params![first, last].to_vec()),
     };
-    let rows = db.query(
+    let results = db.query(
         &format!(
             "SELECT run_id, lane, prompt, sample, served, call_ms
              FROM results WHERE run_id BETWEEN ?1 AND ?2{only_results}"
         ),
         &params,
     )?;
-    for row in &rows {
+    let verdicts = db.query(
+        &format!(
+            "SELECT run_id, lane, prompt, verdict, similarity, p_value
+             FROM verdicts WHERE run_id BETWEEN ?1 AND ?2{only_verdicts}"
+        ),
+        &params,
+    )?;
+    // The names last: a runner may commit rows with new names while this reads, and whatever
+    // a row read above names was committed with it (names are never deleted).
+    let names = Names::read(db)?;
+    for row in &results {
         let version = row.int(2)?;
         let prompt = *names
             .versions
@@ -193,14 +195,7 @@ fn read(db: &mut dyn Db, first: i64, last: i64, prompt: Option<&str>) -> Result<
             (&a.lane, &a.prompt_id, a.sample).cmp(&(&b.lane, &b.prompt_id, b.sample))
         });
     }
-    let rows = db.query(
-        &format!(
-            "SELECT run_id, lane, prompt, verdict, similarity, p_value
-             FROM verdicts WHERE run_id BETWEEN ?1 AND ?2{only_verdicts}"
-        ),
-        &params,
-    )?;
-    for row in &rows {
+    for row in &verdicts {
         let verdict = Judged {
             lane: names.word(row.int(1)?, 1)?,
             prompt_id: names.word(row.int(2)?, 2)?,

@@ -517,8 +517,11 @@ async fn a_postgresql_store_of_schema_4_keeps_every_row_as_its_integers_narrow()
             .collect();
         format!("ALTER TABLE {table} {};", columns.join(", "))
     };
+    // A count schema 4 held as a server reported it, past what four bytes hold.
     sql(format!(
-        "{} {} UPDATE canary_schema SET version = 4;",
+        "{} {} UPDATE results SET prompt_tokens = 99999999999
+             WHERE ctid = (SELECT ctid FROM results LIMIT 1);
+         UPDATE canary_schema SET version = 4;",
         widen(
             "results",
             &[
@@ -551,7 +554,7 @@ async fn a_postgresql_store_of_schema_4_keeps_every_row_as_its_integers_narrow()
             "{args:?} after the migration"
         );
     }
-    let (version, narrow) = canary::store::postgres::off_runtime(move || {
+    let (version, narrow, largest) = canary::store::postgres::off_runtime(move || {
         let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
         let version: i64 = client
             .query_one("SELECT version FROM canary_schema", &[])
@@ -565,7 +568,11 @@ async fn a_postgresql_store_of_schema_4_keeps_every_row_as_its_integers_narrow()
             )
             .unwrap()
             .get(0);
-        (version, narrow)
+        let largest: i32 = client
+            .query_one("SELECT MAX(prompt_tokens) FROM results", &[])
+            .unwrap()
+            .get(0);
+        (version, narrow, largest)
     });
-    assert_eq!((version, narrow), (5, 17));
+    assert_eq!((version, narrow, largest), (5, 17, i32::MAX));
 }
