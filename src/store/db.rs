@@ -24,9 +24,10 @@ pub enum DbError {
     /// SQLite refused.
     #[error(transparent)]
     Sqlite(#[from] rusqlite::Error),
-    /// PostgreSQL refused, or the connection failed.
+    /// PostgreSQL refused, or the connection failed. Its message is PostgreSQL's own, which
+    /// says all the client's error chain would (`db error`, then the same message again).
     #[error("{}", postgres_message(.0))]
-    Postgres(#[from] postgres::Error),
+    Postgres(postgres::Error),
     /// The work in a transaction gave up on purpose (a lease held elsewhere); rolled back.
     #[error("refused: {0}")]
     Refused(String),
@@ -40,6 +41,12 @@ pub enum DbError {
     },
 }
 
+impl From<postgres::Error> for DbError {
+    fn from(err: postgres::Error) -> DbError {
+        DbError::Postgres(err)
+    }
+}
+
 /// PostgreSQL's own message (with its detail), rather than the client's "db error".
 fn postgres_message(err: &postgres::Error) -> String {
     match err.as_db_error() {
@@ -47,7 +54,21 @@ fn postgres_message(err: &postgres::Error) -> String {
             Some(detail) => format!("{}: {} ({detail})", db.severity(), db.message()),
             None => format!("{}: {}", db.severity(), db.message()),
         },
-        None => err.to_string(),
+        // Not the server's: the client's message with its causes (a TLS handshake names the
+        // certificate problem only in its cause).
+        None => {
+            let mut message = err.to_string();
+            let mut cause = std::error::Error::source(err);
+            while let Some(error) = cause {
+                let text = error.to_string();
+                if !message.contains(&text) {
+                    message.push_str(": ");
+                    message.push_str(&text);
+                }
+                cause = error.source();
+            }
+            message
+        }
     }
 }
 
