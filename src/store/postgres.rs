@@ -47,7 +47,16 @@ pub enum ConnectError {
     /// The server refused or could not be reached.
     #[error(transparent)]
     Db(#[from] DbError),
+    /// The server did not finish the connection (TCP, TLS, start-up, password) in time.
+    #[error(
+        "no answer within {} s while connecting (the URL's `connect_timeout` sets how long)",
+        .0.as_secs_f64()
+    )]
+    TimedOut(std::time::Duration),
 }
+
+/// How long connecting may take when the URL does not say (`connect_timeout`).
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Runs `work` off any async runtime: on this thread when it is not inside one, else on a
 /// scoped thread it waits for.
@@ -73,7 +82,7 @@ impl PgConn {
         let mut config: postgres::Config = url.parse().map_err(DbError::from)?;
         config.application_name("canary");
         if config.get_connect_timeout().is_none() {
-            config.connect_timeout(std::time::Duration::from_secs(10));
+            config.connect_timeout(CONNECT_TIMEOUT);
         }
         let password = match &target.password_env {
             Some(var) => Some(env(var).ok_or_else(|| ConnectError::MissingPassword(var.clone()))?),
@@ -82,13 +91,31 @@ impl PgConn {
         if let Some(password) = password {
             config.password(password);
         }
-        let client = if tls {
+        let connector = if tls {
             config.ssl_mode(postgres::config::SslMode::Require);
-            let connector = tls_connector(target)?;
-            off_runtime(|| config.connect(connector)).map_err(DbError::from)?
+            Some(tls_connector(target)?)
         } else {
             config.ssl_mode(postgres::config::SslMode::Disable);
-            off_runtime(|| config.connect(postgres::NoTls)).map_err(DbError::from)?
+            None
+        };
+        // The client's own timeout covers the TCP connect only: a server that accepts and then
+        // never answers would hold the handshake forever. The whole connect gets the same time
+        // on a thread of its own; given up on, it ends (and drops its client) by itself.
+        let limit = config
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(CONNECT_TIMEOUT);
+        let (send, receive) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let connected = match connector {
+                Some(connector) => config.connect(connector),
+                None => config.connect(postgres::NoTls),
+            };
+            let _ = send.send(connected);
+        });
+        let client = match receive.recv_timeout(limit) {
+            Ok(connected) => connected.map_err(DbError::from)?,
+            Err(_) => return Err(ConnectError::TimedOut(limit)),
         };
         Ok(PgConn {
             client: Some(client),

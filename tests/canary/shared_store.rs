@@ -576,3 +576,35 @@ async fn a_postgresql_store_of_schema_4_keeps_every_row_as_its_integers_narrow()
     });
     assert_eq!((version, narrow, largest), (5, 17, i32::MAX));
 }
+
+#[tokio::test]
+async fn a_database_that_accepts_and_never_answers_is_given_up_on_at_connect_timeout() {
+    // Accepts every connection and holds it without a byte in reply.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming() {
+            held.push(stream);
+        }
+    });
+    let project = Project::new(
+        &[&format!(
+            "store: postgres://canary@127.0.0.1:{port}/canary?connect_timeout=1"
+        )],
+        &[LaneSpec::new("free", "http://127.0.0.1:9/v1".into())],
+    );
+    let started = std::time::Instant::now();
+    let out = canary_with_env(&project, &["history"], &[]).await;
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("no answer within 1 s while connecting"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(4),
+        "gave up after {took:?}"
+    );
+}
