@@ -45,3 +45,21 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()
 }
+
+/// An error and its causes (`errors`, outermost first) in one line, each said once: a cause
+/// an error already states in its own message (`store X: ERROR: ...`) is not repeated.
+pub fn said_once<'a>(
+    errors: impl IntoIterator<Item = &'a (dyn std::error::Error + 'static)>,
+) -> String {
+    let mut message = String::new();
+    for error in errors {
+        let text = error.to_string();
+        if message.is_empty() {
+            message = text;
+        } else if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+    }
+    message
+}

@@ -17,25 +17,11 @@ fn main() {
     let code = match runtime.block_on(canary::cmd::run(cli)) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {}", message(&err));
+            eprintln!("error: {}", canary::said_once(err.chain()));
             canary::cmd::EXIT_ERROR
         }
     };
     std::process::exit(code);
-}
-
-/// The error with its causes, each said once: an error that names its cause in its own
-/// message (`store X: ERROR: ...`) is not followed by that cause again.
-fn message(err: &anyhow::Error) -> String {
-    let mut message = err.to_string();
-    for cause in err.chain().skip(1) {
-        let cause = cause.to_string();
-        if !message.contains(&cause) {
-            message.push_str(": ");
-            message.push_str(&cause);
-        }
-    }
-    message
 }
 
 /// Logs go to stderr so stdout stays the command's output. `CANARY_LOG` overrides the level.

@@ -56,19 +56,10 @@ fn postgres_message(err: &postgres::Error) -> String {
         },
         // Not the server's: the client's message with its causes (a TLS handshake names the
         // certificate problem only in its cause).
-        None => {
-            let mut message = err.to_string();
-            let mut cause = std::error::Error::source(err);
-            while let Some(error) = cause {
-                let text = error.to_string();
-                if !message.contains(&text) {
-                    message.push_str(": ");
-                    message.push_str(&text);
-                }
-                cause = error.source();
-            }
-            message
-        }
+        None => crate::said_once(std::iter::successors(
+            Some(err as &(dyn std::error::Error + 'static)),
+            |error| error.source(),
+        )),
     }
 }
 
