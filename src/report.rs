@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use crate::diff::render_text;
 use crate::judge::{Against, DiffPair, JudgedItem, RunJudgement};
-use crate::store::StoredResult;
+use crate::store::{Attempt, StoredResult};
 use crate::verdict::Verdict;
 
 /// Served call latency per lane: (p50, p95) in ms, nearest rank.
@@ -19,8 +19,13 @@ pub fn latency(results: &[StoredResult]) -> BTreeMap<String, (i64, i64)> {
     )
 }
 
+/// [`latency`] of a window's attempts.
+pub fn attempt_latency(attempts: &[Attempt]) -> BTreeMap<String, (i64, i64)> {
+    latency_of(attempts.iter().map(|a| (&*a.lane, &*a.outcome, a.call_ms)))
+}
+
 /// [`latency`] of attempts given as (lane, outcome, call ms).
-pub fn latency_of<'a>(
+fn latency_of<'a>(
     attempts: impl IntoIterator<Item = (&'a str, &'a str, i64)>,
 ) -> BTreeMap<String, (i64, i64)> {
     let mut per_lane: BTreeMap<&str, Vec<i64>> = BTreeMap::new();

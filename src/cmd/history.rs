@@ -25,8 +25,7 @@ pub fn run(cli: &Cli, args: &HistoryArgs) -> anyhow::Result<i32> {
     for run in &runs {
         let verdict_rows = window.verdicts(run.id);
         let attempts = window.attempts(run.id);
-        let latency =
-            report::latency_of(attempts.iter().map(|a| (&*a.lane, &*a.outcome, a.call_ms)));
+        let latency = report::attempt_latency(attempts);
         let lane_verdicts = window.lane_verdicts(run.id);
         for lane in &run.lanes {
             if args.lane.as_ref().is_some_and(|l| l != lane) {

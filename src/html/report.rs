@@ -15,7 +15,7 @@ use super::chart::{self, DriftPoint, LatencyPoint};
 use super::{item, verdict_color};
 use crate::drift::format_p;
 use crate::judge::{JudgedLane, RunJudgement};
-use crate::report::latency_of;
+use crate::report::attempt_latency;
 use crate::store::{RunRow, Store, StoreError};
 use crate::verdict::Verdict;
 
@@ -82,7 +82,7 @@ pub fn history(
         let verdicts = window.verdicts(run.id);
         let lane_verdicts = window.lane_verdicts(run.id);
         let attempts = window.attempts(run.id);
-        let latency = latency_of(attempts.iter().map(|a| (&*a.lane, &*a.outcome, a.call_ms)));
+        let latency = attempt_latency(attempts);
         for history in &mut histories {
             if !run.lanes.contains(&history.lane) {
                 continue;

@@ -27,7 +27,7 @@ use sha2::{Digest, Sha256};
 
 use db::{Db, DbError, Dialect, Param, SqliteDb, params, transaction};
 pub use location::{PostgresTarget, StoreLocation};
-pub use window::Window;
+pub use window::{Attempt, Judged, Window};
 
 /// A store problem.
 #[derive(Debug, thiserror::Error)]
