@@ -234,22 +234,24 @@ fn year(size: Size, project: &Path, engine: &Engine) -> anyhow::Result<()> {
     let on_pg = matches!(engine, Engine::Postgres { .. });
     // What the size is of: SQLite's file, or PostgreSQL's tables with their indexes and TOAST.
     let of = if on_pg { "tables" } else { "file" };
+    let nights = format!(
+        "{} nightly runs × {} prompts × {} lanes, one sample each: run 1 through `canary run` \
+         against an instant loopback lane ({:.1} s) and accepted; nights 2–{} written through \
+         the store's API in one transaction per night ({:.1} s); the last night committed one \
+         result per transaction as `run` does",
+        size.runs,
+        size.prompts,
+        LANES.len(),
+        first_run.as_secs_f64(),
+        size.runs - 1,
+        generation.as_secs_f64(),
+    );
+    let drift = "From mid-year the free lane drifts on 3% of its prompts with wordings that \
+                 recur; 0.3% of calls time out.";
     match engine {
         Engine::Sqlite(_) => {
             println!("### A year of history\n");
-            println!(
-                "{} nightly runs × {} prompts × {} lanes, one sample each: run 1 through `canary run` \
-                 against an instant loopback lane ({:.1} s) and accepted; nights 2–{} written through \
-                 the store's API in one transaction per night ({:.1} s); the last night committed one \
-                 result per transaction as `run` does. From mid-year the free lane drifts on 3% of its \
-                 prompts with wordings that recur; 0.3% of calls time out.\n",
-                size.runs,
-                size.prompts,
-                LANES.len(),
-                first_run.as_secs_f64(),
-                size.runs - 1,
-                generation.as_secs_f64(),
-            );
+            println!("{nights}. {drift}\n");
         }
         Engine::Postgres { version, .. } => {
             println!("### A year of history on PostgreSQL\n");
@@ -257,20 +259,9 @@ fn year(size: Size, project: &Path, engine: &Engine) -> anyhow::Result<()> {
                 "The same year in a PostgreSQL {version} store: a server of the benchmark's own on \
                  this machine (started by `scripts/postgres`; fsync, synchronous commit and full \
                  page writes on, PostgreSQL's default settings otherwise), reached over loopback \
-                 TCP and sharing the machine's {} cores with canary and the benchmark. \
-                 {} nightly runs × {} prompts × {} lanes, one sample each: run 1 through `canary run` \
-                 against an instant loopback lane ({:.1} s) and accepted; nights 2–{} written through \
-                 the store's API in one transaction per night ({:.1} s); the last night committed one \
-                 result per transaction as `run` does; then `VACUUM ANALYZE`, as autovacuum would \
-                 have run over a year. From mid-year the free lane drifts on 3% of its prompts with \
-                 wordings that recur; 0.3% of calls time out.\n",
+                 TCP and sharing the machine's {} cores with canary and the benchmark. {nights}; \
+                 then `VACUUM ANALYZE`, as autovacuum would have run over a year. {drift}\n",
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
-                size.runs,
-                size.prompts,
-                LANES.len(),
-                first_run.as_secs_f64(),
-                size.runs - 1,
-                generation.as_secs_f64(),
             );
         }
     }
