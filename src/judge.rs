@@ -301,7 +301,8 @@ fn control_drift_elsewhere(
         }
         None => {
             tracing::info!(
-                "control lane {control} was not measured within 12 h of run {run_id}; drift here is not compared with it"
+                "control lane {control} was not measured within {} h of run {run_id}; drift here is not compared with it",
+                SAME_NIGHT.num_hours()
             );
             Vec::new()
         }
